@@ -1,0 +1,4 @@
+"""CUDA C++ sources of kkmgpu's custom kernels (installed as ``kkmgpu.kernels_cuda``).
+
+The ``.cu`` files are compiled at run time by CuPy (``RawModule``); see kkmgpu/_gpu_kernels.py.
+"""

@@ -1,0 +1,30 @@
+"""kkmgpu: GPU-accelerated kernel k-means with a NumPy + numba CPU fallback.
+
+>>> import kkmgpu
+>>> result = kkmgpu.fit(X, k=10, kernel="rbf", device="auto")      # doctest: +SKIP
+>>> result.labels, result.objective, result.device                  # doctest: +SKIP
+"""
+
+from . import datasets, metrics
+from ._api import fit, kernel_matrix, predict
+from ._backend import DeviceUnavailableError, InsufficientMemoryError, cuda_unavailable_reason
+from ._lloyd import ConvergenceWarning
+from ._result import KernelKMeansResult
+from .estimator import KernelKMeans
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConvergenceWarning",
+    "DeviceUnavailableError",
+    "InsufficientMemoryError",
+    "KernelKMeans",
+    "KernelKMeansResult",
+    "cuda_unavailable_reason",
+    "datasets",
+    "fit",
+    "kernel_matrix",
+    "metrics",
+    "predict",
+    "__version__",
+]

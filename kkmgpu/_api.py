@@ -1,0 +1,255 @@
+"""The functional API: :func:`fit`, :func:`predict` and :func:`kernel_matrix`."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import _kernels, _validation
+from ._backend import resolve_device
+from ._lloyd import DenseKernelOperator, run_restarts
+from ._result import KernelKMeansResult
+
+__all__ = ["fit", "predict", "kernel_matrix"]
+
+
+def _prepare_inputs(X, backend, spec_args, dtype, precomputed):
+    """Validated data on the device, the resolved kernel spec, and the prepared features."""
+    X = _validation.check_data(X, backend, square=precomputed)
+    spec = _kernels.resolve_kernel(X=X, xp=backend.xp, **spec_args)
+    spec = _kernels.with_center(spec, X, backend.xp)
+    return X, spec
+
+
+def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None,
+                  device="auto", dtype="float32"):
+    """The kernel matrix between the rows of X and Y, built in tiles on the chosen device.
+
+    Parameters
+    ----------
+    X : array of shape (n_samples_X, n_features)
+    Y : array of shape (n_samples_Y, n_features), optional
+        Defaults to X. Data-scale defaults (``gamma="scale"``) are taken from X.
+    kernel, gamma, degree, coef0, kernel_params
+        As for :func:`fit` ("precomputed" is not accepted here).
+    device : {"auto", "cpu", "cuda", "cuda:N"}
+    dtype : {"float32", "float64"}
+
+    Returns
+    -------
+    K : array of shape (n_samples_X, n_samples_Y)
+        NumPy on the CPU, CuPy on a GPU.
+
+    Raises
+    ------
+    InsufficientMemoryError
+        If the matrix would not fit the device's free memory.
+    """
+    dt = _validation.check_dtype(dtype)
+    backend = resolve_device(device, (X,) if Y is None else (X, Y))
+    if _kernels.canonical_kernel_name(kernel) == "precomputed":
+        raise ValueError("kernel='precomputed' makes no sense for kernel_matrix; pass a kernel function.")
+    with backend.activate():
+        X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
+                                                   kernel_params=kernel_params), dt, False)
+        A = _kernels.prepare_features(X, spec, backend, dt)
+        if Y is None:
+            B = A
+        else:
+            Y = _validation.check_data(Y, backend, name="Y")
+            if Y.shape[1] != X.shape[1]:
+                raise ValueError(f"Y has {Y.shape[1]} features but X has {X.shape[1]}; they must match.")
+            B = _kernels.prepare_features(Y, spec, backend, dt)
+        return _kernels.build_kernel_matrix(A, B, spec, backend)
+
+
+def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None, method="exact",
+        device="auto", dtype="float32", init="k-means++", n_init="auto", max_iter=300, tol=1e-6,
+        sample_weight=None, random_state=None, verbose=False, keep_on_device=False) -> KernelKMeansResult:
+    """Cluster the rows of X into k clusters with kernel k-means.
+
+    Lloyd iterations on the kernel matrix (papers' Eq. 3-4): every point moves to the cluster whose
+    feature-space mean is nearest, until no point moves or the objective stops improving.
+
+    Parameters
+    ----------
+    X : array of shape (n_samples, n_features), or (n_samples, n_samples) for kernel="precomputed"
+        NumPy or CuPy array, or array-like. With a CuPy input and ``device="auto"`` its GPU is used.
+    k : int
+        Number of clusters, 1 <= k <= n_samples.
+    kernel : str or callable, default="rbf"
+        "rbf", "polynomial", "sigmoid" (the papers' "neural" kernel), "linear", "laplacian",
+        "precomputed", or a callable ``f(A, B, **kernel_params)`` returning the (len(A), len(B))
+        block. See :mod:`kkmgpu._kernels` for formulas and defaults.
+    gamma : float or {"scale", "auto"}, optional
+        Kernel coefficient. Default "scale" = 1 / (n_features * X.var()) for rbf and laplacian,
+        "auto" = 1 / n_features for polynomial and sigmoid. The Off-the-grid paper's sigma is 1 / gamma.
+    degree : int, default=3
+        Degree of the polynomial kernel.
+    coef0 : float, optional
+        Constant of the polynomial and sigmoid kernels (default 1).
+    kernel_params : dict, optional
+        Keyword arguments of a callable kernel.
+    method : {"exact"}, default="exact"
+        "exact" holds the dense n x n kernel matrix on the device.
+    device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
+        "auto" takes the GPU when CuPy and a device are usable, else the CPU.
+        ``KKMGPU_DEVICE=cpu`` in the environment forces the CPU.
+    dtype : {"float32", "float64"}, default="float32"
+        Storage precision of the kernel matrix (cluster sums accumulate in float64 on the CPU).
+    init : {"k-means++", "random"} or array of shape (n_samples,), default="k-means++"
+        "random" is a random partition (as in the papers); "k-means++" seeds in feature space with
+        kernel distances; an array gives the initial labels (a deterministic run, identical on
+        every backend).
+    n_init : int or "auto", default="auto"
+        Restarts; the lowest objective is kept. "auto": 10 for "random", 1 otherwise.
+    max_iter : int, default=300
+        Maximum number of assignment steps per restart.
+    tol : float, default=1e-6
+        Stop when |J_prev - J| <= tol * |J_prev| (J the objective). Iterations always stop when
+        no point changes cluster.
+    sample_weight : array of shape (n_samples,), optional
+        Non-negative weights: cluster means and the objective are weighted.
+    random_state : int, numpy Generator or None
+        Seeds initialisation; the same seed gives the same labels on the same backend.
+    verbose : bool, default=False
+        Print the kernel build and the objective at every iteration.
+    keep_on_device : bool, default=False
+        Return ``labels`` as a device (CuPy) array instead of NumPy int32.
+
+    Returns
+    -------
+    KernelKMeansResult
+
+    Raises
+    ------
+    ValueError, TypeError
+        For invalid data or parameters; the message names the value and the rule.
+    DeviceUnavailableError
+        If a GPU is requested but none is usable.
+    InsufficientMemoryError
+        If the dense kernel matrix would not fit the device's free memory.
+
+    Examples
+    --------
+    >>> import numpy as np, kkmgpu
+    >>> X, y = kkmgpu.datasets.make_two_circles(400, random_state=0)
+    >>> result = kkmgpu.fit(X, 2, kernel="rbf", gamma=10.0, device="cpu", random_state=0, n_init=5)
+    >>> float(kkmgpu.metrics.nmi(y, result.labels))
+    1.0
+    """
+    t_start = time.perf_counter()
+    dt = _validation.check_dtype(dtype)
+    max_iter, tol, n_init = _validation.check_params(method=method, max_iter=max_iter, tol=tol,
+                                                     n_init=n_init, init=init)
+    rng = _validation.make_rng(random_state)
+    precomputed = _kernels.canonical_kernel_name(kernel) == "precomputed"
+    backend = resolve_device(device, (X,))
+    with backend.activate():
+        X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
+                                                   kernel_params=kernel_params), dt, precomputed)
+        n = X.shape[0]
+        k = _validation.check_k(k, n)
+        weights_h = _validation.check_sample_weight(sample_weight, n)
+        init, n_init = _validation.check_init(init, n, k, n_init)
+        if (weights_h > 0).sum() < k:
+            raise ValueError(f"only {(weights_h > 0).sum()} samples have a positive sample_weight; "
+                             f"at least k={k} are required.")
+        if precomputed:
+            _validation.check_symmetric(X, backend)
+        t_valid = backend.timer()
+
+        if precomputed:
+            features = None
+            if X.dtype != dt:
+                _kernels.check_fits(X.size * dt.itemsize, backend, f"the {n} x {n} {dt.name} copy of K")
+            K = backend.asarray(X, dtype=dt)
+        else:
+            features = _kernels.prepare_features(X, spec, backend, dt)
+            K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose)
+        weights = backend.asarray(weights_h)
+        t_kernel = backend.timer()
+
+        operator = DenseKernelOperator(K, weights, backend)
+        best, runs, init_seconds = run_restarts(operator, k, init=init, n_init=n_init, max_iter=max_iter,
+                                                tol=tol, rng=rng, verbose=verbose)
+        t_end = backend.timer()
+
+        labels = best.labels if keep_on_device else backend.to_host(best.labels).astype(np.int32)
+        timings = {
+            "validation": t_valid - t_start,
+            "kernel_build": t_kernel - t_valid,
+            "init": init_seconds,
+            "iterations": float(sum(r.seconds for r in runs)),
+            "total": t_end - t_start,
+        }
+        return KernelKMeansResult(
+            labels=labels, objective=float(best.objective),
+            objective_history=np.asarray(best.history, dtype=np.float64), n_iter=int(best.n_iter),
+            converged=bool(best.converged), n_clusters=k, method=method, kernel=spec.name,
+            kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
+            cluster_sizes=best.sizes.copy(), n_init=n_init,
+            objectives=np.array([r.objective for r in runs], dtype=np.float64),
+            _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
+            _within=best.within.copy(), _n_train=n)
+
+
+def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
+    """Assign new points to the clusters of a fit, through the kernel to the training points.
+
+    dist(x, c) = k(x, x) - 2 sum_{j in c} w_j k(x, x_j) / n_c + C_c / n_c^2; the k(x, x) term does not
+    change the argmin and is skipped.
+
+    Parameters
+    ----------
+    result : KernelKMeansResult
+        From :func:`fit` (on any device; prediction runs on the same device).
+    X_new : array of shape (n_new, n_features)
+        For kernel="precomputed": the kernel between the new and the training points,
+        shape (n_new, n_train).
+    batch_size : int, optional
+        Rows of X_new per kernel block (default: blocks of about 64 MiB).
+
+    Returns
+    -------
+    labels : ndarray of shape (n_new,), int32
+    """
+    if not isinstance(result, KernelKMeansResult):
+        raise TypeError(f"result must be a KernelKMeansResult from kkmgpu.fit; got {type(result).__name__}.")
+    backend = resolve_device(result.device)
+    spec = result._spec
+    dt = np.dtype(result.dtype)
+    k = result.n_clusters
+    with backend.activate():
+        X_new = _validation.check_data(X_new, backend, name="X_new")
+        if spec.name == "precomputed":
+            if X_new.shape[1] != result._n_train:
+                raise ValueError(f"X_new has {X_new.shape[1]} columns; with kernel='precomputed' it must be the "
+                                 f"kernel to the {result._n_train} training points.")
+        elif X_new.shape[1] != result._train_features.shape[1]:
+            raise ValueError(f"X_new has {X_new.shape[1]} features but the model was fit on "
+                             f"{result._train_features.shape[1]}.")
+        xp = backend.xp
+        sizes = np.asarray(result.cluster_sizes, dtype=np.float64)
+        within = np.asarray(result._within, dtype=np.float64)
+        train_labels = backend.asarray(result._train_labels, dtype=np.int32)
+        m = X_new.shape[0]
+        step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize)
+        out = []
+        if spec.name != "precomputed":
+            A_all = _kernels.prepare_features(X_new, spec, backend, dt)
+            B = result._train_features
+            b_sq = (B * B).sum(axis=1) if spec.name in ("rbf", "laplacian") else None
+        for i0 in range(0, m, step):
+            i1 = min(m, i0 + step)
+            if spec.name == "precomputed":
+                block = backend.asarray(X_new[i0:i1], dtype=dt)
+            else:
+                block = _kernels.kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
+            S = backend.ops.block_cluster_sums(block, train_labels, result._train_weights, k)
+            zeros = xp.zeros(i1 - i0, dtype=xp.float64)
+            labels, _, _ = backend.ops.assign_labels(S, zeros, sizes, within,
+                                                     xp.zeros(i1 - i0, dtype=xp.int32))
+            out.append(backend.to_host(labels))
+        return np.concatenate(out).astype(np.int32)

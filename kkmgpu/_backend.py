@@ -1,0 +1,252 @@
+"""Device resolution and array movement: the one module of kkmgpu that imports CuPy.
+
+Everything else is written once against the array namespace ``xp`` that a
+:class:`Backend` hands out (``numpy`` on the CPU, ``cupy`` on a GPU) and calls
+the fused operations through ``backend.ops``, whose CPU twin is numba code
+(:mod:`kkmgpu._cpu_kernels`) and whose GPU twin is CuPy code
+(:mod:`kkmgpu._gpu_kernels`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import os
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "Backend",
+    "DeviceUnavailableError",
+    "InsufficientMemoryError",
+    "check_fits",
+    "cuda_unavailable_reason",
+    "import_cupy",
+    "is_cupy_array",
+    "resolve_device",
+]
+
+ENV_DEVICE = "KKMGPU_DEVICE"
+#: Fraction of the free memory a dense allocation may take; the rest is headroom
+#: for the GEMM workspace, the n x k cluster sums and the allocator.
+MEMORY_HEADROOM = 0.9
+
+_DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+class DeviceUnavailableError(RuntimeError):
+    """A GPU was asked for (``device="cuda"`` or ``"cuda:N"``) but none is usable."""
+
+
+class InsufficientMemoryError(MemoryError):
+    """A dense array (usually the n x n kernel matrix) does not fit the device's free memory."""
+
+
+def import_cupy():
+    """Import and return CuPy (the only place in kkmgpu that does)."""
+    return importlib.import_module("cupy")
+
+
+def is_cupy_array(x) -> bool:
+    """True if ``x`` is a CuPy array, without importing CuPy."""
+    cp = sys.modules.get("cupy")
+    return cp is not None and isinstance(x, cp.ndarray)
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_unavailable_reason() -> str | None:
+    """Why the GPU path cannot run here, or None when CuPy and a CUDA device are usable."""
+    try:
+        cp = import_cupy()
+    except ImportError as exc:
+        return (f"CuPy is not installed ({exc}); install kkmgpu[cuda12] or kkmgpu[cuda13] "
+                "to match your CUDA driver")
+    except Exception as exc:  # a broken CuPy install raises all sorts of errors
+        return f"CuPy failed to import: {type(exc).__name__}: {exc}"
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"the CUDA driver is missing or unusable ({type(exc).__name__}: {exc})"
+    if count < 1:
+        return "CuPy found no CUDA device"
+    return None
+
+
+def _cuda_device_count() -> int:
+    return import_cupy().cuda.runtime.getDeviceCount()
+
+
+def _cpu_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where arrays live and which twin of the fused operations runs.
+
+    Attributes
+    ----------
+    kind : {"cpu", "cuda"}
+    index : int or None
+        CUDA device ordinal (None on the CPU).
+    """
+
+    kind: str
+    index: int | None = None
+
+    @property
+    def name(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def xp(self):
+        return np if self.kind == "cpu" else import_cupy()
+
+    @property
+    def ops(self):
+        """The module with the fused operations for this backend (CPU twin or GPU twin)."""
+        if self.kind == "cpu":
+            from . import _cpu_kernels as ops
+        else:
+            from . import _gpu_kernels as ops
+        return ops
+
+    def activate(self):
+        """Context manager making this backend's device current."""
+        if self.kind == "cpu":
+            return contextlib.nullcontext()
+        return import_cupy().cuda.Device(self.index)
+
+    def asarray(self, a, dtype=None):
+        """``a`` as a C-contiguous array on this device (copied only when needed)."""
+        if self.kind == "cpu":
+            if is_cupy_array(a):
+                a = a.get()
+            return np.ascontiguousarray(a, dtype=dtype)
+        cp = import_cupy()
+        with cp.cuda.Device(self.index):
+            return cp.ascontiguousarray(cp.asarray(a, dtype=dtype))
+
+    def to_host(self, a):
+        """``a`` as a NumPy array."""
+        if is_cupy_array(a):
+            return a.get()
+        return np.asarray(a)
+
+    def synchronize(self) -> None:
+        if self.kind == "cuda":
+            import_cupy().cuda.Device(self.index).synchronize()
+
+    def timer(self) -> float:
+        """``time.perf_counter()`` after the device has finished queued work."""
+        self.synchronize()
+        return time.perf_counter()
+
+    def available_bytes(self) -> int | None:
+        """Free memory on this device (None when it cannot be determined)."""
+        if self.kind == "cpu":
+            return _cpu_available_bytes()
+        cp = import_cupy()
+        with cp.cuda.Device(self.index):
+            free, _total = cp.cuda.runtime.memGetInfo()
+            return int(free) + int(cp.get_default_memory_pool().free_bytes())
+
+
+def _format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def check_fits(nbytes: int, backend: Backend, what: str) -> None:
+    """Raise :class:`InsufficientMemoryError` unless ``nbytes`` fit the device with headroom."""
+    available = backend.available_bytes()
+    if available is None:
+        return
+    budget = int(available * MEMORY_HEADROOM)
+    if nbytes > budget:
+        raise InsufficientMemoryError(
+            f"{what} needs {_format_bytes(nbytes)} ({nbytes} bytes) but device {backend.name} has "
+            f"{_format_bytes(available)} ({available} bytes) available; an allocation may use at most "
+            f"{MEMORY_HEADROOM:.0%} of the free memory. Use fewer points, dtype='float32', or another device."
+        )
+
+
+def resolve_device(device="auto", arrays=()) -> Backend:
+    """Turn a ``device`` argument into a :class:`Backend`.
+
+    ``"auto"`` takes the GPU when CuPy and a device are usable (the device of a CuPy input
+    first), else the CPU. ``"cuda"`` / ``"cuda:N"`` raise :class:`DeviceUnavailableError`
+    with the reason when no GPU is usable. The environment variable ``KKMGPU_DEVICE=cpu``
+    forces the CPU; any other value of it replaces ``"auto"``.
+    """
+    if device is None:
+        device = "auto"
+    if not isinstance(device, str) or not _DEVICE_PATTERN.match(device.strip().lower()):
+        raise ValueError(
+            f"device={device!r} is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N' (N a device ordinal).")
+    device = device.strip().lower()
+
+    env = os.environ.get(ENV_DEVICE, "").strip().lower()
+    if env:
+        if not _DEVICE_PATTERN.match(env):
+            raise ValueError(
+                f"{ENV_DEVICE}={env!r} is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N'.")
+        if env == "cpu":
+            if device.startswith("cuda"):
+                warnings.warn(f"device={device!r} ignored: {ENV_DEVICE}=cpu forces the CPU.",
+                              UserWarning, stacklevel=3)
+            return Backend("cpu")
+        if device == "auto":
+            device = env
+
+    if device == "cpu":
+        return Backend("cpu")
+
+    if device == "auto":
+        if cuda_unavailable_reason() is not None:
+            return Backend("cpu")
+        for a in arrays:
+            if is_cupy_array(a):
+                return Backend("cuda", int(a.device.id))
+        return Backend("cuda", int(import_cupy().cuda.runtime.getDevice()))
+
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        raise DeviceUnavailableError(
+            f"device={device!r} was requested but no GPU is usable: {reason}. "
+            "Use device='cpu' (or 'auto' to fall back to the CPU).")
+    count = _cuda_device_count()
+    if device == "cuda":
+        for a in arrays:
+            if is_cupy_array(a):
+                return Backend("cuda", int(a.device.id))
+        return Backend("cuda", int(import_cupy().cuda.runtime.getDevice()))
+    index = int(device.split(":")[1])
+    if index >= count:
+        raise DeviceUnavailableError(
+            f"device={device!r} was requested but only {count} CUDA device(s) are visible "
+            f"(ordinals 0..{count - 1}).")
+    return Backend("cuda", index)

@@ -1,0 +1,203 @@
+"""CPU twins of the fused operations (numba), same names and semantics as :mod:`kkmgpu._gpu_kernels`.
+
+Imported only when the CPU backend runs, so ``import kkmgpu`` does not pay for numba.
+
+Operations
+----------
+kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree)
+    In place: turn a block of inner products G[i, j] = <x_i, y_j> into kernel values.
+cluster_sums(K, labels, weights, k)
+    S[i, c] = sum_{j in c} w_j K[i, j] for a symmetric K (papers' Eq. 3-4), float64 (n, k).
+block_cluster_sums(B, labels, weights, k)
+    The same for a rectangular block B (m, n_train) between new and training points.
+assign_labels(S, diag, sizes, within, labels)
+    Fused distance + argmin + "did it move": new labels, distance to the chosen centre,
+    number of points that changed cluster.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ._kernels import EPILOGUE_CODES
+
+__all__ = ["kernel_epilogue", "cluster_sums", "block_cluster_sums", "assign_labels"]
+
+_RBF = EPILOGUE_CODES["rbf"]
+_POLY = EPILOGUE_CODES["polynomial"]
+_SIGMOID = EPILOGUE_CODES["sigmoid"]
+_LAPLACIAN = EPILOGUE_CODES["laplacian"]
+_LINEAR = EPILOGUE_CODES["linear"]
+
+
+@njit(parallel=True, cache=True)
+def _epilogue(G, row_sq, col_sq, kind, gamma, coef0, degree):
+    m, n = G.shape
+    for i in prange(m):
+        a = row_sq[i]
+        for j in range(n):
+            g = G[i, j]
+            if kind == _RBF or kind == _LAPLACIAN:
+                d = a + col_sq[j] - 2.0 * g  # squared Euclidean distance from the GEMM
+                if d < 0.0:
+                    d = 0.0
+                if kind == _RBF:
+                    G[i, j] = math.exp(-gamma * d)
+                else:
+                    G[i, j] = math.exp(-gamma * math.sqrt(d))
+            elif kind == _POLY:
+                base = gamma * g + coef0
+                v = 1.0
+                for _ in range(degree):
+                    v *= base
+                G[i, j] = v
+            elif kind == _SIGMOID:
+                G[i, j] = math.tanh(gamma * g + coef0)
+
+
+def kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree):
+    """In place: kernel values from inner products ``block`` (m, n) and squared row norms.
+
+    ``row_sq`` (m,) and ``col_sq`` (n,) are used by the distance kernels (rbf, laplacian) only.
+    """
+    if kind == _LINEAR:
+        return block
+    _epilogue(block, row_sq, col_sq, int(kind), float(gamma), float(coef0), int(degree))
+    return block
+
+
+@njit(parallel=True, cache=True)
+def _cluster_sums_symmetric(K, order, starts, weights, k, out):
+    # K is symmetric, so S[i, c] = sum_{j in c} w_j K[j, i]: every read is a contiguous run of a
+    # row. Each thread owns a strip of columns; for each cluster it streams the strip of that
+    # cluster's rows (``order`` sorts points by label) four at a time into one float64
+    # accumulator, so K is read once and the accumulator stays in L1 (papers' Eq. 3-4).
+    n = K.shape[0]
+    width = 1024
+    nstrips = (n + width - 1) // width
+    for s in prange(nstrips):
+        c0 = s * width
+        c1 = min(n, c0 + width)
+        m = c1 - c0
+        acc = np.empty(m, dtype=np.float64)
+        for c in range(k):
+            acc[:] = 0.0
+            p = starts[c]
+            end = starts[c + 1]
+            while p + 4 <= end:
+                j0 = order[p]
+                j1 = order[p + 1]
+                j2 = order[p + 2]
+                j3 = order[p + 3]
+                w0 = weights[j0]
+                w1 = weights[j1]
+                w2 = weights[j2]
+                w3 = weights[j3]
+                r0 = K[j0, c0:c1]
+                r1 = K[j1, c0:c1]
+                r2 = K[j2, c0:c1]
+                r3 = K[j3, c0:c1]
+                for t in range(m):
+                    acc[t] += (w0 * r0[t] + w1 * r1[t]) + (w2 * r2[t] + w3 * r3[t])
+                p += 4
+            while p < end:
+                j0 = order[p]
+                w0 = weights[j0]
+                r0 = K[j0, c0:c1]
+                for t in range(m):
+                    acc[t] += w0 * r0[t]
+                p += 1
+            for t in range(m):
+                out[c0 + t, c] = acc[t]
+
+
+def cluster_sums(K, labels, weights, k):
+    """S[i, c] = sum_{j in cluster c} weights[j] * K[i, j] for a symmetric K; float64 (n, k)."""
+    k = int(k)
+    order = np.argsort(labels, kind="stable").astype(np.int64)
+    starts = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(np.bincount(labels, minlength=k), out=starts[1:])
+    out = np.empty((K.shape[0], k), dtype=np.float64)
+    _cluster_sums_symmetric(K, order, starts, weights, k, out)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _block_cluster_sums(B, labels, weights, k, out):
+    m, n = B.shape
+    for i in prange(m):
+        for c in range(k):
+            out[i, c] = 0.0
+        for j in range(n):
+            out[i, labels[j]] += weights[j] * B[i, j]
+
+
+def block_cluster_sums(B, labels, weights, k):
+    """S[i, c] = sum_{j in cluster c} weights[j] * B[i, j] for a rectangular block; float64 (m, k)."""
+    out = np.empty((B.shape[0], k), dtype=np.float64)
+    _block_cluster_sums(B, labels, weights, int(k), out)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _assign(S, diag, inv_size, offset, labels, new_labels, min_dist):
+    # dist(i, c) = K_ii - 2 S[i, c] / n_c + C_c / n_c^2  (papers' Eq. 4); offset[c] = C_c / n_c^2,
+    # inv_size[c] = 1 / n_c, or a negative value marking an empty cluster.
+    n, k = S.shape
+    changed = 0
+    for i in prange(n):
+        best = -1
+        best_d = np.inf
+        for c in range(k):
+            if inv_size[c] < 0.0:
+                continue
+            d = diag[i] - 2.0 * S[i, c] * inv_size[c] + offset[c]
+            if d < best_d:
+                best_d = d
+                best = c
+        if best < 0:  # every cluster empty cannot happen for n >= 1, kept for safety
+            best = labels[i]
+        new_labels[i] = best
+        min_dist[i] = best_d
+        if best != labels[i]:
+            changed += 1
+    return changed
+
+
+def assign_labels(S, diag, sizes, within, labels):
+    """Fused distance + argmin + moved count.
+
+    Parameters
+    ----------
+    S : float64 array of shape (n, k)
+        Cluster sums.
+    diag : array of shape (n,)
+        K_ii.
+    sizes, within : float64 arrays of shape (k,)
+        Weighted sizes n_c and within-cluster totals C_c; clusters with n_c == 0 are skipped.
+    labels : int32 array of shape (n,)
+        Current labels.
+
+    Returns
+    -------
+    new_labels : int32 array of shape (n,)
+    min_dist : float64 array of shape (n,)
+    n_changed : int
+    """
+    sizes = np.asarray(sizes, dtype=np.float64)
+    nonempty = sizes > 0
+    inv = np.where(nonempty, 1.0 / np.where(nonempty, sizes, 1.0), -1.0)
+    offset = np.where(nonempty, within * inv * inv, 0.0)
+    new_labels = np.empty(S.shape[0], dtype=np.int32)
+    min_dist = np.empty(S.shape[0], dtype=np.float64)
+    changed = _assign(S, np.asarray(diag, dtype=np.float64), inv, offset, labels, new_labels, min_dist)
+    return new_labels, min_dist, int(changed)
+
+
+def _set_threads(n: int | None) -> None:  # pragma: no cover - convenience for benchmarks
+    if n is not None:
+        numba.set_num_threads(n)

@@ -1,0 +1,115 @@
+"""GPU twins of the fused operations (CuPy), same names and semantics as :mod:`kkmgpu._cpu_kernels`.
+
+The custom kernels come from ``kernels_cuda/kernel_kmeans.cu``, compiled at run time by CuPy
+and cached per device. CuPy itself is obtained from :mod:`kkmgpu._backend`, the one module
+that imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from ._backend import import_cupy
+
+__all__ = ["kernel_epilogue", "cluster_sums", "block_cluster_sums", "assign_labels", "cuda_source"]
+
+_SOURCE_NAME = "kernel_kmeans.cu"
+_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_THREADS = 256
+
+
+def cuda_source(name: str = _SOURCE_NAME) -> str:
+    """Text of a ``.cu`` file shipped with kkmgpu (installed wheel) or in the source tree."""
+    try:
+        return resources.files("kkmgpu.kernels_cuda").joinpath(name).read_text()
+    except (ModuleNotFoundError, FileNotFoundError):
+        return (Path(__file__).resolve().parents[1] / "kernels_cuda" / name).read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_id: int):
+    cp = import_cupy()
+    names = [f"{kern}<{t}>" for kern in ("kernel_epilogue", "assign_labels") for t in _TYPES.values()]
+    with cp.cuda.Device(device_id):
+        return cp.RawModule(code=cuda_source(), options=("-std=c++14",), name_expressions=names)
+
+
+def _function(name: str, dtype) -> object:
+    dtype = np.dtype(dtype)
+    if dtype not in _TYPES:
+        raise ValueError(f"dtype={dtype} is not supported by the CUDA kernels; use float32 or float64.")
+    cp = import_cupy()
+    return _module(cp.cuda.runtime.getDevice()).get_function(f"{name}<{_TYPES[dtype]}>")
+
+
+def _grid(total: int) -> tuple[int]:
+    return (max(1, min(65535 * 8, (total + _THREADS - 1) // _THREADS)),)
+
+
+def kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree):
+    """In place: kernel values from inner products ``block`` (m, n) and squared row norms."""
+    if kind == 0:
+        return block
+    m, n = block.shape
+    if m == 0 or n == 0:
+        return block
+    cp = import_cupy()
+    if not block.flags.c_contiguous:
+        raise ValueError("kernel_epilogue needs a C-contiguous block")
+    row_sq = cp.ascontiguousarray(row_sq, dtype=block.dtype)
+    col_sq = cp.ascontiguousarray(col_sq, dtype=block.dtype)
+    _function("kernel_epilogue", block.dtype)(
+        _grid(m * n), (_THREADS,),
+        (block, row_sq, col_sq, np.int64(m), np.int64(n), np.int32(kind),
+         np.float64(gamma), np.float64(coef0), np.int32(degree)))
+    return block
+
+
+def _weighted_indicator(labels, weights, k, dtype):
+    cp = import_cupy()
+    n = labels.shape[0]
+    Y = cp.zeros((n, k), dtype=dtype)
+    Y[cp.arange(n), labels] = weights.astype(dtype, copy=False)
+    return Y
+
+
+def cluster_sums(K, labels, weights, k):
+    """S[i, c] = sum_{j in cluster c} weights[j] * K[i, j]; float64 (n, k).
+
+    One cuBLAS product K @ (W * one-hot); the custom single-pass kernel is the GPU-engine issue's.
+    """
+    return block_cluster_sums(K, labels, weights, k)
+
+
+def block_cluster_sums(B, labels, weights, k):
+    """S[i, c] = sum_{j in cluster c} weights[j] * B[i, j] for a rectangular block; float64 (m, k)."""
+    Y = _weighted_indicator(labels, weights, int(k), B.dtype)
+    return (B @ Y).astype(np.float64, copy=False)
+
+
+def assign_labels(S, diag, sizes, within, labels):
+    """Fused distance + argmin + moved count; see :func:`kkmgpu._cpu_kernels.assign_labels`."""
+    cp = import_cupy()
+    n, k = S.shape
+    sizes = cp.asarray(sizes, dtype=cp.float64)
+    within = cp.asarray(within, dtype=cp.float64)
+    nonempty = sizes > 0
+    inv = cp.where(nonempty, 1.0 / cp.where(nonempty, sizes, 1.0), -1.0)
+    offset = cp.where(nonempty, within * inv * inv, 0.0)
+    S = cp.ascontiguousarray(S, dtype=cp.float64)
+    diag = cp.ascontiguousarray(diag)
+    if diag.dtype not in (cp.float32, cp.float64):
+        diag = diag.astype(cp.float64)
+    labels = cp.ascontiguousarray(labels, dtype=cp.int32)
+    new_labels = cp.empty(n, dtype=cp.int32)
+    min_dist = cp.empty(n, dtype=cp.float64)
+    changed = cp.zeros(1, dtype=cp.uint64)
+    if n:
+        _function("assign_labels", diag.dtype)(
+            _grid(n), (_THREADS,),
+            (S, diag, inv, offset, labels, new_labels, min_dist, changed, np.int64(n), np.int32(k)))
+    return new_labels, min_dist, int(changed.get()[0])

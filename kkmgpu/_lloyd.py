@@ -1,0 +1,253 @@
+"""The Lloyd driver: one implementation of kernel k-means iterations for every backend and operator.
+
+Per iteration it needs only the cluster sums S[i, c] = sum_{j in c} w_j K[i, j] (papers' Eq. 3-4),
+which an *operator* produces (dense K today; sparse, tiled and sampled operators later), the
+weighted sizes n_c = sum_{j in c} w_j and the within-cluster totals C_c = sum_{i in c} w_i S[i, c]:
+
+    dist(i, c) = K_ii - 2 S[i, c] / n_c + C_c / n_c^2        (Eq. 4)
+    objective  = sum_i w_i dist(i, label_i) = sum_i w_i K_ii - sum_c C_c / n_c
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._backend import Backend
+
+
+class ConvergenceWarning(UserWarning):
+    """Lloyd iterations stopped at max_iter, or fewer distinct clusters than requested remain."""
+
+
+class DenseKernelOperator:
+    """Cluster sums from a dense symmetric kernel matrix held on the device."""
+
+    def __init__(self, K, weights, backend: Backend):
+        self.K = K
+        self.weights = weights
+        self.backend = backend
+        self.n = K.shape[0]
+        self.diag = backend.xp.diagonal(K).astype(backend.xp.float64)
+
+    def rows(self, index):
+        """K[index, :] as a float64 host array (for k-means++ seeding)."""
+        return self.backend.to_host(self.K[self.backend.asarray(np.asarray(index))]).astype(np.float64)
+
+    def cluster_sums(self, labels, k):
+        return self.backend.ops.cluster_sums(self.K, labels, self.weights, k)
+
+
+@dataclass
+class LloydRun:
+    labels: object            # device int32 (n,)
+    objective: float
+    history: list
+    n_iter: int
+    converged: bool
+    sizes: np.ndarray         # weighted n_c, float64 host (k,)
+    within: np.ndarray        # C_c, float64 host (k,)
+    seconds: float
+    n_distinct: int
+
+
+def _update(operator, labels, k, xp):
+    """Cluster sums, weighted sizes, within-cluster totals and the objective of ``labels``."""
+    w = operator.weights
+    S = operator.cluster_sums(labels, k)
+    sizes = xp.bincount(labels, weights=w, minlength=k)
+    own = xp.take_along_axis(S, labels[:, None].astype(xp.int64), axis=1)[:, 0]
+    within = xp.bincount(labels, weights=w * own, minlength=k)
+    sizes_h = operator.backend.to_host(sizes).astype(np.float64)
+    within_h = operator.backend.to_host(within).astype(np.float64)
+    nonempty = sizes_h > 0
+    total_diag = float((w * operator.diag).sum())
+    objective = total_diag - float(np.sum(within_h[nonempty] / sizes_h[nonempty]))
+    return S, sizes_h, within_h, objective
+
+
+def refill_empty_clusters(new_labels, min_dist, weights, k):
+    """Move the points farthest from their centre into empty clusters (host arrays, in place).
+
+    Empty clusters are filled in increasing index, each with the positive-weight point of largest
+    ``min_dist`` whose cluster keeps at least one positive-weight point. Returns the number of
+    clusters still empty (possible only with fewer than k positive-weight points).
+    """
+    positive = weights > 0
+    counts = np.bincount(new_labels[positive], minlength=k)
+    empty = np.flatnonzero(counts == 0)
+    if empty.size == 0:
+        return 0
+    candidates = np.flatnonzero(positive)
+    order = candidates[np.argsort(-min_dist[candidates], kind="stable")]
+    pos = 0
+    still_empty = 0
+    for c in empty:
+        while pos < order.size and counts[new_labels[order[pos]]] <= 1:
+            pos += 1
+        if pos >= order.size:
+            still_empty += 1
+            continue
+        p = order[pos]
+        pos += 1
+        counts[new_labels[p]] -= 1
+        new_labels[p] = c
+        min_dist[p] = 0.0
+        counts[c] += 1
+    return still_empty
+
+
+def _count_distinct_centres(operator, labels, S, sizes, within, k, xp) -> int:
+    """Clusters whose feature-space centres are pairwise distinct (duplicate points can merge them)."""
+    nonempty = np.flatnonzero(sizes > 0)
+    if nonempty.size <= 1:
+        return int(nonempty.size)
+    w = operator.weights
+    Y = xp.zeros((labels.shape[0], k), dtype=xp.float64)
+    Y[xp.arange(labels.shape[0]), labels] = w
+    cross = operator.backend.to_host(Y.T @ S)  # cross[a, b] = sum_{i in a} w_i S[i, b] = <m_a, m_b> n_a n_b
+    norm = within / np.where(sizes > 0, sizes, 1.0) ** 2
+    scale = max(float(np.max(np.abs(norm[nonempty]))), np.finfo(float).tiny)
+    distinct = []
+    for a in nonempty:
+        same = False
+        for b in distinct:
+            d2 = norm[a] + norm[b] - 2.0 * cross[a, b] / (sizes[a] * sizes[b])
+            if d2 <= 1e-7 * scale:
+                same = True
+                break
+        if not same:
+            distinct.append(a)
+    return len(distinct)
+
+
+def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, restart=None) -> LloydRun:
+    """Kernel k-means iterations from ``init_labels`` (device int32) until no label moves,
+    the relative objective change is <= tol, or max_iter assignment steps."""
+    backend = operator.backend
+    xp = backend.xp
+    t0 = backend.timer()
+    weights_h = backend.to_host(operator.weights)
+    labels = backend.asarray(init_labels, dtype=np.int32)
+    S, sizes, within, objective = _update(operator, labels, k, xp)
+    history = [objective]
+    converged = False
+    n_iter = 0
+    prefix = f"[kkmgpu] init {restart}: " if restart is not None else "[kkmgpu] "
+    if verbose:
+        print(f"{prefix}iteration 0: objective {objective:.10g}")
+    for n_iter in range(1, max_iter + 1):
+        new_labels, min_dist, n_changed = backend.ops.assign_labels(S, operator.diag, sizes, within, labels)
+        if xp.bincount(new_labels, minlength=k).min() == 0 or (weights_h == 0).any():
+            labels_h = backend.to_host(new_labels).astype(np.int32)
+            if np.bincount(labels_h[weights_h > 0], minlength=k).min() == 0:
+                dist_h = backend.to_host(min_dist)
+                refill_empty_clusters(labels_h, dist_h, weights_h, k)
+                new_labels = backend.asarray(labels_h)
+                n_changed = int((new_labels != labels).sum())
+        if n_changed == 0:
+            converged = True
+            if verbose:
+                print(f"{prefix}iteration {n_iter}: no point changed cluster, converged")
+            break
+        labels = new_labels
+        S, sizes, within, new_objective = _update(operator, labels, k, xp)
+        history.append(new_objective)
+        if verbose:
+            print(f"{prefix}iteration {n_iter}: objective {new_objective:.10g}, {n_changed} points moved")
+        done = abs(objective - new_objective) <= tol * abs(objective)
+        objective = new_objective
+        if done:
+            converged = True
+            if verbose:
+                print(f"{prefix}relative objective change <= tol={tol:g}, converged")
+            break
+    n_distinct = _count_distinct_centres(operator, labels, S, sizes, within, k, xp)
+    return LloydRun(labels=labels, objective=objective, history=history, n_iter=n_iter,
+                    converged=converged, sizes=sizes, within=within,
+                    seconds=backend.timer() - t0, n_distinct=n_distinct)
+
+
+# --- initialisation ----------------------------------------------------------------------------
+
+def random_partition(n, k, rng: np.random.Generator) -> np.ndarray:
+    """A random partition: uniform labels, with k random points fixed to 0..k-1 so none is empty."""
+    labels = rng.integers(0, k, size=n).astype(np.int32)
+    labels[rng.permutation(n)[:k]] = np.arange(k, dtype=np.int32)
+    return labels
+
+
+def kmeans_plus_plus(operator, k, rng: np.random.Generator, n_local_trials=None) -> np.ndarray:
+    """Greedy k-means++ seeding in feature space, with d(i, j)^2 = K_ii + K_jj - 2 K_ij.
+
+    Returns the initial labels: every point assigned to its nearest seed (as scikit-learn's
+    ``_kmeans_plusplus`` seeds, with sample weights in the sampling).
+    """
+    backend = operator.backend
+    n = operator.n
+    w = backend.to_host(operator.weights).astype(np.float64)
+    diag = backend.to_host(operator.diag)
+    if n_local_trials is None:
+        n_local_trials = 2 + int(math.log(k))
+    p = w / w.sum()
+    centres = [int(rng.choice(n, p=p))]
+    closest = np.maximum(diag + diag[centres[0]] - 2.0 * operator.rows([centres[0]])[0], 0.0)
+    potential = float(w @ closest)
+    for _ in range(1, k):
+        if potential <= 0:  # every point coincides with a seed: pick any unused point
+            remaining = np.setdiff1d(np.arange(n), centres)
+            candidates = np.array([int(rng.choice(remaining))])
+        else:
+            cumulative = np.cumsum(w * closest)
+            draws = rng.uniform(size=n_local_trials) * cumulative[-1]
+            candidates = np.minimum(np.searchsorted(cumulative, draws), n - 1)
+        rows = operator.rows(candidates)
+        d = np.maximum(diag[None, :] + diag[candidates][:, None] - 2.0 * rows, 0.0)
+        d = np.minimum(closest[None, :], d)
+        potentials = d @ w
+        best = int(np.argmin(potentials))
+        centres.append(int(candidates[best]))
+        closest = d[best]
+        potential = float(potentials[best])
+    rows = operator.rows(centres)
+    dist = diag[None, :] + diag[centres][:, None] - 2.0 * rows
+    labels = np.argmin(dist, axis=0).astype(np.int32)
+    labels[np.asarray(centres)] = np.arange(k, dtype=np.int32)  # a seed belongs to its own cluster
+    return labels
+
+
+def run_restarts(operator, k, *, init, n_init, max_iter, tol, rng, verbose):
+    """Run Lloyd from ``n_init`` initialisations; keep the lowest objective. Returns (best, seconds list)."""
+    best = None
+    init_seconds = 0.0
+    runs = []
+    for r in range(n_init):
+        t0 = time.perf_counter()
+        if isinstance(init, str):
+            if init == "random":
+                labels0 = random_partition(operator.n, k, rng)
+            else:
+                labels0 = kmeans_plus_plus(operator, k, rng)
+        else:
+            labels0 = np.asarray(init, dtype=np.int32)
+        init_seconds += time.perf_counter() - t0
+        run = lloyd(operator, labels0, k, max_iter=max_iter, tol=tol, verbose=verbose,
+                    restart=r if n_init > 1 else None)
+        runs.append(run)
+        if verbose and n_init > 1:
+            print(f"[kkmgpu] init {r}: objective {run.objective:.10g} after {run.n_iter} iterations")
+        if best is None or run.objective < best.objective:
+            best = run
+    if not best.converged:
+        warnings.warn(f"kernel k-means did not converge in max_iter={max_iter} iterations "
+                      f"(last relative objective change above tol={tol:g}); increase max_iter.",
+                      ConvergenceWarning, stacklevel=3)
+    if best.n_distinct < k:
+        warnings.warn(f"Number of distinct clusters ({best.n_distinct}) found smaller than "
+                      f"n_clusters ({k}). Possibly due to duplicate points in X.",
+                      ConvergenceWarning, stacklevel=3)
+    return best, runs, init_seconds

