@@ -270,3 +270,36 @@ def test_shape_sets_float32_close_to_reference(path, device):
     ref = reference_kernel_kmeans(K, init, k)
     result = run_fit(X, k, init, device, kernel="rbf", dtype="float32", tol=0.0)
     assert_float32_close(result, K, ref)
+
+
+# --------------------------------------------------------------------------- kkmgpu.kernel_matrix
+
+# Entry-wise bounds relative to max|K|: float64 to 1e-12, float32 to 1e-5 (~100 ulp). A distance kernel's
+# diagonal is exp(0) = 1 and must come out as 1 to the same accuracy.
+KERNEL_ATOL = {"float64": 1e-12, "float32": 1e-5}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_matrix_matches_reference(kernel, dtype, device):
+    rng = np.random.default_rng(61)
+    X = rng.normal(scale=2.0, size=(150, 5)) + 3.0  # off-centre on purpose
+    Y = rng.normal(scale=2.0, size=(40, 5)) + 3.0
+    expected_sym = kernel_matrix(X, kernel=kernel)
+    expected_rect = kernel_matrix(X, Y, kernel=kernel)  # defaults resolved from X
+    K = host(kkmgpu.kernel_matrix(X, kernel=kernel, dtype=dtype, device=device))
+    K_rect = host(kkmgpu.kernel_matrix(X, Y, kernel=kernel, dtype=dtype, device=device))
+    assert K.dtype == np.dtype(dtype) and K.shape == (150, 150) and K_rect.shape == (150, 40)
+    atol = KERNEL_ATOL[dtype] * np.abs(expected_sym).max()
+    np.testing.assert_allclose(K_rect, expected_rect, rtol=0, atol=atol)
+    if kernel in ("rbf", "laplacian"):
+        np.testing.assert_allclose(np.diag(K), 1.0, rtol=0, atol=atol, err_msg="k(x, x) = exp(0) must be 1")
+    np.testing.assert_allclose(K, expected_sym, rtol=0, atol=atol)
+
+
+def test_kernel_matrix_callable_receives_params(device):
+    rng = np.random.default_rng(62)
+    X = rng.normal(size=(30, 2))
+    K = host(kkmgpu.kernel_matrix(X, kernel=shifted_quadratic, kernel_params={"shift": 2.0}, dtype="float64",
+                                  device=device))
+    np.testing.assert_allclose(K, (X @ X.T + 2.0) ** 2, rtol=1e-12)

@@ -80,8 +80,13 @@ def test_objective_equals_metrics_objective(kernel, weighted, device):
     weights = np.random.default_rng(8).uniform(0.2, 3.0, 250) if weighted else None
     result = quiet_fit(X, 5, kernel=kernel, dtype="float64", init="k-means++", random_state=3,
                        sample_weight=weights, device=device)
-    K = kernel_matrix(X, kernel=kernel)
     labels = host(result.labels)
+    # Bookkeeping: the reported objective is that of the returned labels on the library's own kernel...
+    K_own = host(kkmgpu.kernel_matrix(X, kernel=kernel, dtype="float64", device=device))
+    assert result.objective == pytest.approx(
+        kkmgpu.metrics.kernel_kmeans_objective(K_own, labels, sample_weight=weights), rel=1e-9)
+    # ...and that kernel is the float64 kernel, so the objective is right to float64 accuracy.
+    K = kernel_matrix(X, kernel=kernel)
     from_metrics = kkmgpu.metrics.kernel_kmeans_objective(K, labels, sample_weight=weights)
     assert isinstance(from_metrics, float)
     assert result.objective == pytest.approx(from_metrics, rel=1e-9)

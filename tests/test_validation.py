@@ -178,7 +178,7 @@ def test_n_init_below_one(X, n_init):
 
 
 def test_n_init_bad_string(X):
-    with pytest.raises(ValueError, match="often"):
+    with pytest.raises((TypeError, ValueError), match="often"):
         fit(X, n_init="often")
 
 
