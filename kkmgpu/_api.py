@@ -234,12 +234,13 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
         sizes = np.asarray(result.cluster_sizes, dtype=np.float64)
         within = np.asarray(result._within, dtype=np.float64)
         train_labels = backend.asarray(result._train_labels, dtype=np.int32)
+        train_weights = backend.asarray(result._train_weights, dtype=np.float64)
         m = X_new.shape[0]
         step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize)
         out = []
         if spec.name != "precomputed":
             A_all = _kernels.prepare_features(X_new, spec, backend, dt)
-            B = result._train_features
+            B = backend.asarray(result._train_features)  # a GPU fit predicted under KKMGPU_DEVICE=cpu
             b_sq = (B * B).sum(axis=1) if spec.name in ("rbf", "laplacian") else None
         for i0 in range(0, m, step):
             i1 = min(m, i0 + step)
@@ -247,7 +248,7 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
                 block = backend.asarray(X_new[i0:i1], dtype=dt)
             else:
                 block = _kernels.kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
-            S = backend.ops.block_cluster_sums(block, train_labels, result._train_weights, k)
+            S = backend.ops.block_cluster_sums(block, train_labels, train_weights, k)
             zeros = xp.zeros(i1 - i0, dtype=xp.float64)
             labels, _, _ = backend.ops.assign_labels(S, zeros, sizes, within,
                                                      xp.zeros(i1 - i0, dtype=xp.int32))

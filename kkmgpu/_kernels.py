@@ -210,4 +210,9 @@ def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, 
         i1 = min(m, i0 + step)
         kernel_block(A[i0:i1], B, spec, backend, out=K[i0:i1],
                      a_sq=None if a_sq is None else a_sq[i0:i1], b_sq=b_sq)
+    if distance and A is B:
+        # ||x - x|| is exactly 0; the GEMM form leaves rounding there, which the laplacian's sqrt
+        # would amplify to ~1e-8 (float64) in K_ii.
+        idx = xp.arange(m)
+        K[idx, idx] = 1
     return K
