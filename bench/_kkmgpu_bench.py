@@ -390,6 +390,39 @@ def device_identity(device: str) -> dict:
     return {"slug": f"cpu-{_slug(model)}-{cores}core", "name": f"{model} ({cores} cores)", "kind": "cpu", "gpu": None}
 
 
+class ForeignCpu:
+    """CPU seconds that other processes used on this machine since ``start()`` (Linux /proc; None elsewhere).
+
+    The benchmarks share the machine's cores with whatever else runs; this says how much did.
+    """
+
+    def __init__(self):
+        self._start = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            with open("/proc/stat") as fh:
+                fields = fh.readline().split()[1:]
+            busy = sum(int(v) for v in fields[:8]) - int(fields[3]) - int(fields[4])  # minus idle, iowait
+            ticks = os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, AttributeError):
+            return None
+        own = os.times()
+        return busy / ticks, own.user + own.system + own.children_user + own.children_system, time.monotonic()
+
+    def seconds(self) -> dict | None:
+        end = self._sample()
+        if self._start is None or end is None:
+            return None
+        machine = end[0] - self._start[0]
+        own = end[1] - self._start[1]
+        wall = end[2] - self._start[2]
+        foreign = max(machine - own, 0.0)
+        return {"wall_s": wall, "own_cpu_s": own, "other_processes_cpu_s": foreign,
+                "other_processes_cores": foreign / wall if wall > 0 else None}
+
+
 def _load_average():
     try:
         return list(os.getloadavg())
@@ -405,6 +438,7 @@ class Recorder:
         self.run_id = self.started.strftime("%Y-%m-%dT%H:%M:%SZ")
         self.cases: dict[str, list[dict]] = {}
         self.load_average_start = _load_average()
+        self.foreign_cpu = ForeignCpu()
 
     def add(self, device: str, case: dict) -> dict:
         case = {"id": case_id(case), "run_id": self.run_id, **case}
@@ -475,6 +509,7 @@ def _write_device_file(recorder: Recorder, device: str, cases: list[dict], resul
         # other processes on the machine skew every figure: the 1/5/15-minute load at start and end
         "load_average_start": recorder.load_average_start,
         "load_average_end": _load_average(),
+        "cpu_use_during_run": recorder.foreign_cpu.seconds(),
         "versions": versions(),
         "host": host_info(),
         "floors": floors.as_dict(device),
@@ -537,6 +572,11 @@ def _x(value) -> str:
     return "-" if value is None else f"{value:7.2f}"
 
 
+def _busy(case) -> str:
+    use = case and case.get("cpu_use_during_case")
+    return "-" if not use or use.get("other_processes_cores") is None else f"{use['other_processes_cores']:.2f}"
+
+
 def summary_lines(recorder: Recorder) -> list[str]:
     """A table of the session's cases for the terminal (times in ms, ratios to the floors)."""
     lines = []
@@ -547,7 +587,7 @@ def summary_lines(recorder: Recorder) -> list[str]:
         lines.append(f"device {device}: per-iteration (exact_iterations), kernel build, end-to-end fit")
         lines.append(f"{'n':>6} {'iter ms':>9} {'floor ms':>9} {'ratio':>7} {'marg ms':>9} "
                      f"{'build ms':>9} {'floor ms':>9} {'ratio':>7} {'fit ms':>9} {'ratio':>7} "
-                     f"{'tslearn ms':>10} {'speedup':>7}")
+                     f"{'tslearn ms':>10} {'speedup':>7} {'busy':>5}")
         by_n: dict[int, dict] = {}
         for case in cases:
             by_n.setdefault(case["n"], {})[case["benchmark"]] = case
@@ -566,5 +606,7 @@ def summary_lines(recorder: Recorder) -> list[str]:
                 _ms(kb and kb["time_s"]["best"]), _ms(kb and kb["floor_s"]), _x(kb and kb["ratio"]),
                 _ms(fe and fe["time_s"]["best"]), _x(fe and fe["ratio"]),
                 f"{_ms(ts and ts['time_s']['per_iteration_marginal']):>10}", _x(speedup),
+                f"{_busy(it):>5}",
             ]))
+    lines.append("busy = cores used by other processes during the iteration case (0 = machine to itself)")
     return lines

@@ -26,6 +26,7 @@ import pytest
 
 from _kkmgpu_bench import (
     HOST,
+    ForeignCpu,
     dense_iteration_floor,
     kernel_build_floor,
     mnist_sample,
@@ -149,6 +150,7 @@ def _fit_numbers(result, wall: float) -> dict:
 
 def test_kernel_build(benchmark, problem, device, floors, recorder):
     kkmgpu = _core()
+    machine = ForeignCpu()
 
     def build():
         K = kkmgpu.kernel_matrix(problem.X, kernel="rbf", gamma=problem.gamma, device=device, dtype=DTYPE)
@@ -163,6 +165,7 @@ def test_kernel_build(benchmark, problem, device, floors, recorder):
     floor = kernel_build_floor(problem.n, problem.d, np.dtype(DTYPE).itemsize, floors, device)
     recorder.add(device, {
         "benchmark": "kernel_build", **problem.describe(), "device": device,
+        "cpu_use_during_case": machine.seconds(),
         "time_s": times, "floor_s": floor["floor_s"],
         "floor_parts_s": {"gemm": floor["gemm_floor_s"], "write": floor["write_floor_s"]},
         "floor_inputs": {"gemm_float32_flops": floors.gemm_rate(device, problem.n, problem.d),
@@ -175,6 +178,7 @@ def test_kernel_build(benchmark, problem, device, floors, recorder):
 
 def test_exact_iterations(benchmark, problem, kernel, device, floors, recorder):
     kkmgpu = _core()
+    machine = ForeignCpu()
     convergence_warning = _convergence_warning()
 
     def lloyd(max_iter):
@@ -209,6 +213,7 @@ def test_exact_iterations(benchmark, problem, kernel, device, floors, recorder):
     per_iteration = _summary(r["per_iteration"] for r in rounds)
     recorder.add(device, {
         "benchmark": "exact_iterations", **problem.describe(), "device": device,
+        "cpu_use_during_case": machine.seconds(),
         "max_iter": MAX_ITER, "tol": 0, "init": f"fixed random partition (seed {SEED})",
         "n_iter": rounds[0]["n_iter"], "converged": rounds[0]["converged"], "objective": rounds[0]["objective"],
         "objective_evaluations": rounds[0]["objective_evaluations"],
@@ -225,6 +230,9 @@ def test_exact_iterations(benchmark, problem, kernel, device, floors, recorder):
         "timings_best_round": min(rounds, key=lambda r: r["wall"])["timings"],
         "floor_s": floor,
         "floor_inputs": {"bytes_K": problem.kernel_bytes, "copy_bandwidth_Bps": floors.copy_bandwidth(device)},
+        # the floors with each measured copy method (the file's floor uses the fastest, i.e. the strictest)
+        "floor_by_copy_method_s": {method: problem.kernel_bytes / bandwidth for method, bandwidth
+                                   in floors.bandwidths(device)["copy_bandwidth_methods_Bps"].items()},
         "ratio": per_iteration["best"] / floor,
         "ratio_median": per_iteration["median"] / floor,
         "ratio_marginal_wall": None if marginal is None else marginal / floor,
@@ -234,6 +242,7 @@ def test_exact_iterations(benchmark, problem, kernel, device, floors, recorder):
 
 def test_fit_end_to_end(benchmark, problem, device, floors, recorder):
     kkmgpu = _core()
+    machine = ForeignCpu()
     convergence_warning = _convergence_warning()
 
     def fit():
@@ -253,6 +262,7 @@ def test_fit_end_to_end(benchmark, problem, device, floors, recorder):
     floor = build + best["n_iter"] * iteration
     recorder.add(device, {
         "benchmark": "fit_end_to_end", **problem.describe(), "device": device,
+        "cpu_use_during_case": machine.seconds(),
         "max_iter": MAX_ITER, "tol": 0, "init": f"fixed random partition (seed {SEED})",
         "n_iter": best["n_iter"], "objective": best["objective"],
         "time_s": {"best": best["wall"], "median": statistics.median(r["wall"] for r in rounds),
@@ -274,6 +284,7 @@ def test_tslearn_iterations(benchmark, problem, kernel, device, bench_devices, r
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tslearn warns at import when h5py is missing
         tslearn_clustering = pytest.importorskip("tslearn.clustering", reason="tslearn is not installed")
+    machine = ForeignCpu()
     K = np.ascontiguousarray(to_host(kernel))
 
     def fit(max_iter):
@@ -299,6 +310,7 @@ def test_tslearn_iterations(benchmark, problem, kernel, device, bench_devices, r
     marginal = (long_wall - short_wall) / (long_iter - short_iter)
     recorder.add(HOST, {
         "benchmark": "tslearn_iterations", **problem.describe(), "device": "host cpu",
+        "cpu_use_during_case": machine.seconds(),
         "implementation": "tslearn.clustering.KernelKMeans(kernel='precomputed', n_init=1, tol=0)",
         "max_iter": MAX_ITER, "n_iter": long_iter, "short_max_iter": SHORT_ITER, "short_n_iter": short_iter,
         "init": f"tslearn's own random labels (random_state={SEED}); it takes no initial labels",

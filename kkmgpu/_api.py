@@ -190,7 +190,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
             converged=bool(best.converged), n_clusters=k, method=method, kernel=spec.name,
             kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
             cluster_sizes=best.sizes.copy(), n_init=n_init,
-            objectives=np.array([r.objective for r in runs], dtype=np.float64),
+            objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
             _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
             _within=best.within.copy(), _n_train=n)
 

@@ -25,7 +25,8 @@ class KernelKMeansResult:
     objective : float
         Kernel k-means objective of ``labels``: sum_i w_i ||phi(x_i) - m_{label_i}||^2.
     objective_history : ndarray of shape (n_iter + 1,) or shorter
-        Objective of the initial partition, then after every assignment step that moved points.
+        Objective of the initial partition, then after every assignment step that moved points
+        (a final step in which no point moved adds no entry).
     n_iter : int
         Assignment steps of the best restart.
     converged : bool
@@ -46,6 +47,8 @@ class KernelKMeansResult:
         Weighted cluster sizes n_c.
     n_init : int
         Restarts run; ``objectives`` holds the final objective of each.
+    sample_weight : ndarray of shape (n_samples,)
+        The weights used (ones when none were given), float64.
     """
 
     labels: object
@@ -63,6 +66,7 @@ class KernelKMeansResult:
     cluster_sizes: np.ndarray
     n_init: int
     objectives: np.ndarray
+    sample_weight: np.ndarray
     # what predict needs: training features (prepared, on the device), weights, and the cluster totals
     _spec: object = field(default=None, repr=False)
     _train_features: object = field(default=None, repr=False)
@@ -72,7 +76,7 @@ class KernelKMeansResult:
     _n_train: int = 0
 
     def __post_init__(self):
-        for name in ("labels", "objective_history", "cluster_sizes", "objectives", "_within"):
+        for name in ("labels", "objective_history", "cluster_sizes", "objectives", "sample_weight", "_within"):
             object.__setattr__(self, name, _readonly(getattr(self, name)))
         object.__setattr__(self, "kernel_params", dict(self.kernel_params))
         object.__setattr__(self, "timings", dict(self.timings))

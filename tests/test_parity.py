@@ -179,6 +179,21 @@ def test_tolerance_stop_matches_reference(tol, device):
     assert_same_run(result, ref)
 
 
+def test_exact_ties_take_lowest_cluster_index(device):
+    """A point exactly halfway between two centres goes to the lower cluster index, as in the reference.
+
+    Integer coordinates and the linear kernel keep every distance exact; the middle point has weight 0,
+    so it does not move the centres (-2 and 2) and is at distance 4 from both.
+    """
+    X = np.array([[-2.0], [0.0], [2.0]])
+    weights = np.array([1.0, 0.0, 1.0])
+    init = np.array([0, 1, 1])
+    ref = reference_kernel_kmeans(X @ X.T, init, 2, weights)
+    np.testing.assert_array_equal(ref.labels, [0, 0, 1])
+    result = run_fit(X, 2, init, device, kernel="linear", sample_weight=weights)
+    assert_same_run(result, ref)
+
+
 # --------------------------------------------------------------------------- precomputed and callable kernels
 
 

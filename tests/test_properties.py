@@ -133,6 +133,8 @@ def test_more_restarts_never_worse(init, device):
                for s in range(5)]
     best = quiet_fit(X, 8, init=init, n_init=5, random_state=0, dtype="float64", device=device)
     assert best.objective <= np.median(singles) * (1 + 1e-9)
+    # Restarts draw from one stream seeded by random_state, so the first restart is the single run.
+    assert best.objective <= singles[0] * (1 + 1e-12)
 
 
 def test_n_init_auto(device):
@@ -238,6 +240,16 @@ def test_result_fields(device):
     assert result.timings["total"] >= result.timings["iterations"]
 
 
+def test_result_records_sample_weight(device):
+    X, _ = blobs(40, 2, 2, 33)
+    weights = np.random.default_rng(34).uniform(0.2, 3.0, 40)
+    result = quiet_fit(X, 2, sample_weight=weights, random_state=0, device=device)
+    np.testing.assert_array_equal(host(result.sample_weight), weights)
+    np.testing.assert_allclose(result.cluster_sizes.sum(), weights.sum(), rtol=1e-12)
+    unweighted = quiet_fit(X, 2, random_state=0, device=device)
+    assert unweighted.sample_weight is None or np.all(host(unweighted.sample_weight) == 1.0)
+
+
 @pytest.mark.parametrize("dtype", ["float32", np.float32, "float64", np.float64])
 def test_dtype_spellings(dtype, device):
     X, _ = blobs(60, 2, 2, 18)
@@ -253,6 +265,23 @@ def test_result_is_frozen(device):
         result.objective = 0.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.labels = None
+
+
+def test_keep_on_device(device):
+    X, _ = blobs(50, 2, 2, 31)
+    result = quiet_fit(X, 2, random_state=0, keep_on_device=True, device=device)
+    expected_type = np.ndarray if device == "cpu" else type(kkmgpu._backend.import_cupy().empty(1))
+    assert isinstance(result.labels, expected_type)
+    default = quiet_fit(X, 2, random_state=0, device=device)
+    np.testing.assert_array_equal(host(result.labels), default.labels)
+
+
+def test_verbose_prints_only_when_asked(device, capsys):
+    X, _ = blobs(60, 2, 3, 32)
+    quiet_fit(X, 3, random_state=0, device=device)
+    assert capsys.readouterr().out == ""
+    quiet_fit(X, 3, random_state=0, verbose=True, device=device)
+    assert "objective" in capsys.readouterr().out
 
 
 def test_env_forces_cpu(monkeypatch):

@@ -40,6 +40,13 @@ def test_X_empty():
         fit(np.empty((0, 3)), 1)
 
 
+@pytest.mark.parametrize(
+    "bad", [np.ones((5, 2), dtype=complex), np.array([["a", "b"]] * 5)], ids=["complex", "strings"])
+def test_X_not_real_numbers(bad):
+    with pytest.raises(ValueError, match=r"(?i)dtype|numeric"):
+        fit(bad, 2)
+
+
 # --------------------------------------------------------------------------- k
 
 
@@ -186,6 +193,27 @@ def test_n_init_bad_string(X):
 def test_max_iter_below_one(X, max_iter):
     with pytest.raises(ValueError, match=r"max_iter.*" + str(max_iter)):
         fit(X, max_iter=max_iter)
+
+
+def test_max_iter_not_integer(X):
+    with pytest.raises(TypeError, match=r"max_iter.*10\.5"):
+        fit(X, max_iter=10.5)
+
+
+@pytest.mark.parametrize("tol", [np.nan, np.inf])
+def test_tol_not_finite(X, tol):
+    with pytest.raises(ValueError, match=r"tol"):
+        fit(X, tol=tol)
+
+
+def test_coef0_not_finite(X):
+    with pytest.raises(ValueError, match=r"coef0.*nan"):
+        fit(X, kernel="sigmoid", coef0=np.nan)
+
+
+def test_kernel_matrix_feature_mismatch(X):
+    with pytest.raises(ValueError, match=r"5 features"):
+        kkmgpu.kernel_matrix(X, np.ones((4, 5)), device="cpu")
 
 
 def test_tol_negative(X):
