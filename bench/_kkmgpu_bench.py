@@ -227,6 +227,13 @@ class Floors:
                                         else _measure_cpu_floors())
         return self._bandwidths[device]
 
+    def recheck(self, device: str) -> dict | None:
+        """Measure the bandwidths again (at the end of the run) to show how stable the floors were."""
+        if device not in self._bandwidths:
+            return None
+        again = _measure_cuda_floors() if device.startswith("cuda") else _measure_cpu_floors()
+        return {key: value for key, value in again.items() if key != "method"}
+
     def copy_bandwidth(self, device: str) -> float:
         return self.bandwidths(device)["copy_bandwidth_Bps"]
 
@@ -513,6 +520,8 @@ def _write_device_file(recorder: Recorder, device: str, cases: list[dict], resul
         "versions": versions(),
         "host": host_info(),
         "floors": floors.as_dict(device),
+        # the same bandwidth measurements repeated after the last case (information only; ratios use "floors")
+        "floors_recheck_at_end": floors.recheck(device),
     }
     old_runs, old_cases = [], []
     if path.exists():
