@@ -135,7 +135,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     --------
     >>> import numpy as np, kkmgpu
     >>> X, y = kkmgpu.datasets.make_two_circles(400, random_state=0)
-    >>> result = kkmgpu.fit(X, 2, kernel="rbf", gamma=10.0, device="cpu", random_state=0, n_init=5)
+    >>> result = kkmgpu.fit(X, 2, kernel="rbf", gamma=5.0, device="cpu", random_state=0, n_init=10)
     >>> float(kkmgpu.metrics.nmi(y, result.labels))
     1.0
     """

@@ -31,7 +31,7 @@ class KernelKMeans:
     --------
     >>> import kkmgpu
     >>> X, y = kkmgpu.datasets.make_two_circles(300, random_state=0)
-    >>> model = kkmgpu.KernelKMeans(2, gamma=10.0, n_init=5, random_state=0, device="cpu").fit(X)
+    >>> model = kkmgpu.KernelKMeans(2, gamma=5.0, n_init=10, random_state=0, device="cpu").fit(X)
     >>> sorted(set(model.labels_.tolist()))
     [0, 1]
     """
