@@ -215,24 +215,37 @@ def _measure_cuda_floors() -> dict:
 
 
 class Floors:
-    """Per-device floors, measured lazily once per session (GEMM rates once per problem size)."""
+    """Per-device floor measurements of one run.
+
+    The bandwidths are measured when a benchmark first asks for them and again when the run ends
+    (``measure``); every figure derived from them uses the largest rate seen in the run, so the floors
+    are the strictest the run supports (on shared or virtual machines the rate of a large copy can vary
+    by where the buffers land). GEMM rates are measured once per problem size.
+    """
 
     def __init__(self):
-        self._bandwidths: dict[str, dict] = {}
+        self._samples: dict[str, list[dict]] = {}
         self._gemm: dict[tuple, float] = {}
 
-    def bandwidths(self, device: str) -> dict:
-        if device not in self._bandwidths:
-            self._bandwidths[device] = (_measure_cuda_floors() if device.startswith("cuda")
-                                        else _measure_cpu_floors())
-        return self._bandwidths[device]
+    def measure(self, device: str) -> dict:
+        sample = _measure_cuda_floors() if device.startswith("cuda") else _measure_cpu_floors()
+        sample["measured_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self._samples.setdefault(device, []).append(sample)
+        return sample
 
-    def recheck(self, device: str) -> dict | None:
-        """Measure the bandwidths again (at the end of the run) to show how stable the floors were."""
-        if device not in self._bandwidths:
-            return None
-        again = _measure_cuda_floors() if device.startswith("cuda") else _measure_cpu_floors()
-        return {key: value for key, value in again.items() if key != "method"}
+    def bandwidths(self, device: str) -> dict:
+        """The best of every rate measured so far on ``device`` (measuring once if none was)."""
+        if device not in self._samples:
+            self.measure(device)
+        samples = self._samples[device]
+        best = {key: max(sample[key] for sample in samples)
+                for key in samples[0] if key.endswith("_Bps") and not isinstance(samples[0][key], dict)}
+        methods: dict[str, float] = {}
+        for sample in samples:
+            for method, rate in sample["copy_bandwidth_methods_Bps"].items():
+                methods[method] = max(methods.get(method, 0.0), rate)
+        best["copy_bandwidth_methods_Bps"] = methods
+        return best
 
     def copy_bandwidth(self, device: str) -> float:
         return self.bandwidths(device)["copy_bandwidth_Bps"]
@@ -261,23 +274,58 @@ class Floors:
         return self._gemm[key]
 
     def as_dict(self, device: str) -> dict:
-        out = dict(self._bandwidths.get(device, {}))
+        if device not in self._samples:
+            return {}
+        out = self.bandwidths(device)
+        out["rule"] = ("every floor uses the largest rate of the samples below (strictest floor); "
+                       "copy bandwidth = max over the copy methods")
+        out["samples"] = self._samples[device]
         gemm = {f"n={n},d={d}": rate for (dev, n, d), rate in sorted(self._gemm.items()) if dev == device}
         if gemm:
             out["gemm_float32_flops"] = gemm
         return out
 
 
-def dense_iteration_floor(nbytes: int, floors: Floors, device: str) -> float:
-    """Seconds for one pass over K at the device's copy bandwidth (ARCHITECTURE.md memory floor)."""
-    return nbytes / floors.copy_bandwidth(device)
+def derive_floors(case: dict, floors: Floors, device: str) -> None:
+    """Fill in a case's floors and ratios (in place) from the run's floor measurements.
 
-
-def kernel_build_floor(n: int, d: int, itemsize: int, floors: Floors, device: str) -> dict:
-    """max(2 n^2 d / GEMM rate, bytes(K) / write bandwidth) and its two parts."""
-    gemm = 2.0 * n * n * d / floors.gemm_rate(device, n, d)
-    write = n * n * itemsize / floors.write_bandwidth(device)
-    return {"floor_s": max(gemm, write), "gemm_floor_s": gemm, "write_floor_s": write}
+    - ``exact_iterations``: floor = bytes(K) / copy bandwidth (ARCHITECTURE.md memory floor of one iteration);
+    - ``kernel_build``: floor = max(2 n^2 d / GEMM rate, bytes(K) / write bandwidth);
+    - ``fit_end_to_end``: floor = kernel build floor + n_iter x iteration floor.
+    """
+    bandwidths = floors.bandwidths(device)
+    bytes_k, n, d = case["bytes_K"], case["n"], case["d"]
+    iteration_floor = bytes_k / bandwidths["copy_bandwidth_Bps"]
+    gemm_rate = floors.gemm_rate(device, n, d)
+    gemm_floor = 2.0 * n * n * d / gemm_rate
+    write_floor = bytes_k / bandwidths["write_bandwidth_Bps"]
+    build_floor = max(gemm_floor, write_floor)
+    times = case["time_s"]
+    benchmark = case["benchmark"]
+    if benchmark == "exact_iterations":
+        case["floor_s"] = iteration_floor
+        case["floor_inputs"] = {"bytes_K": bytes_k, "copy_bandwidth_Bps": bandwidths["copy_bandwidth_Bps"]}
+        case["floor_by_copy_method_s"] = {method: bytes_k / rate for method, rate
+                                          in bandwidths["copy_bandwidth_methods_Bps"].items()}
+        case["ratio"] = times["per_iteration_best"] / iteration_floor
+        case["ratio_median"] = times["per_iteration_median"] / iteration_floor
+        marginal = times.get("per_iteration_marginal_wall")
+        case["ratio_marginal_wall"] = None if marginal is None else marginal / iteration_floor
+        if times.get("same_K_gemv") is not None:
+            case["ratio_to_same_K_gemv"] = times["per_iteration_best"] / times["same_K_gemv"]
+    elif benchmark == "kernel_build":
+        case["floor_s"] = build_floor
+        case["floor_parts_s"] = {"gemm": gemm_floor, "write": write_floor}
+        case["floor_inputs"] = {"gemm_float32_flops": gemm_rate, "flops": 2.0 * n * n * d,
+                                "write_bandwidth_Bps": bandwidths["write_bandwidth_Bps"]}
+        case["ratio"] = times["best"] / build_floor
+        case["ratio_median"] = times["median"] / build_floor
+    elif benchmark == "fit_end_to_end":
+        floor = build_floor + case["n_iter"] * iteration_floor
+        case["floor_s"] = floor
+        case["floor_parts_s"] = {"kernel_build": build_floor, "iterations": case["n_iter"] * iteration_floor}
+        case["ratio"] = times["best"] / floor
+        case["ratio_median"] = times["median"] / floor
 
 
 # --------------------------------------------------------------------------------------------
@@ -446,17 +494,24 @@ class Recorder:
         self.cases: dict[str, list[dict]] = {}
         self.load_average_start = _load_average()
         self.foreign_cpu = ForeignCpu()
+        self.finalized = False
 
     def add(self, device: str, case: dict) -> dict:
         case = {"id": case_id(case), "run_id": self.run_id, **case}
         self.cases.setdefault(device, []).append(case)
         return case
 
-    def find(self, device: str, benchmark: str, n: int) -> dict | None:
-        for case in reversed(self.cases.get(device, [])):
-            if case["benchmark"] == benchmark and case["n"] == n:
-                return case
-        return None
+    def finalize(self, floors: Floors) -> None:
+        """Measure each device's bandwidths once more, then derive every case's floors and ratios."""
+        if self.finalized:
+            return
+        for device, cases in self.cases.items():
+            if device == HOST:
+                continue
+            floors.measure(device)
+            for case in cases:
+                derive_floors(case, floors, device)
+        self.finalized = True
 
 
 def case_id(case: dict) -> str:
@@ -520,8 +575,6 @@ def _write_device_file(recorder: Recorder, device: str, cases: list[dict], resul
         "versions": versions(),
         "host": host_info(),
         "floors": floors.as_dict(device),
-        # the same bandwidth measurements repeated after the last case (information only; ratios use "floors")
-        "floors_recheck_at_end": floors.recheck(device),
     }
     old_runs, old_cases = [], []
     if path.exists():
@@ -566,6 +619,7 @@ def _json_default(value):
 
 def write_results(recorder: Recorder, floors: Floors, results_dir: Path, argv: list[str]) -> list[Path]:
     """Write (or merge into) one result file per benchmarked device; host-side cases go into every file."""
+    recorder.finalize(floors)
     host_cases = recorder.cases.get(HOST, [])
     devices = [device for device in recorder.cases if device != HOST] or ["cpu"]
     return [_write_device_file(recorder, device, recorder.cases.get(device, []) + host_cases, results_dir,

@@ -119,6 +119,7 @@ def pytest_sessionfinish(session, exitstatus):
     recorder = config.stash.get(_RECORDER, None)
     if recorder is None or not recorder.cases:
         return
+    recorder.finalize(config.stash[_FLOORS])  # measures the bandwidths again, derives floors and ratios
     if config.getoption("benchmark_disable", False):
         config.stash[_WRITTEN] = ["--benchmark-disable given, no result file written"]
         return
@@ -127,7 +128,8 @@ def pytest_sessionfinish(session, exitstatus):
         config.stash[_WRITTEN] = [f"{ENV_RESULTS_DIR}={target}, no result file written"]
         return
     results_dir = Path(target) if target else DEFAULT_RESULTS_DIR
-    argv = [Path(sys.argv[0]).name] + sys.argv[1:]
+    program = Path(sys.argv[0]).name
+    argv = (["python", "-m", "pytest"] if program == "__main__.py" else [program]) + sys.argv[1:]
     paths = write_results(recorder, config.stash[_FLOORS], results_dir, argv)
     config.stash[_WRITTEN] = [f"results written to {path}" for path in paths]
 

@@ -1,8 +1,8 @@
 """Plot the scaling of exact kernel k-means from a bench/results JSON file (log-log, to a PNG).
 
 Left: per-iteration time of kkmgpu (best round; the marginal two-point estimate as a second marker),
-the memory floor bytes(K) / copy bandwidth and twice that floor, and tslearn's per-iteration time where
-measured. Right: the kernel build time against its floor max(2 n^2 d / GEMM rate, bytes(K) / write bandwidth).
+the memory floor bytes(K) / copy bandwidth and twice that floor, one BLAS gemv over the same K (a
+read of K at the speed the vendor library gets), and tslearn's per-iteration time where measured. Right: the kernel build time against its floor max(2 n^2 d / GEMM rate, bytes(K) / write bandwidth).
 
 Usage (from the repository root)::
 
@@ -42,6 +42,9 @@ def plot(document: dict, output: Path) -> Path:
     n_f, f = _series(cases, "exact_iterations", lambda c: c["floor_s"])
     ax_iter.loglog(n_f, [v * 1e3 for v in f], "k--", label="memory floor: bytes(K) / copy bandwidth")
     ax_iter.loglog(n_f, [2e3 * v for v in f], ":", color="0.5", label="2 x floor (target at n = 10k)")
+    n_g, t_g = _series(cases, "exact_iterations", lambda c: c["time_s"].get("same_K_gemv"))
+    if n_g:
+        ax_iter.loglog(n_g, [v * 1e3 for v in t_g], "-.", color="C7", lw=1, label="reference: BLAS gemv K @ 1 on the same K")
     n_ts, t_ts = _series(cases, "tslearn_iterations", lambda c: c["time_s"]["per_iteration_marginal"])
     if n_ts:
         ax_iter.loglog(n_ts, [v * 1e3 for v in t_ts], "s-", color="C3", label="tslearn KernelKMeans per iteration")

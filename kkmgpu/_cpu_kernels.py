@@ -74,43 +74,51 @@ def kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree):
 def _cluster_sums_symmetric(K, order, starts, weights, k, out):
     # K is symmetric, so S[i, c] = sum_{j in c} w_j K[j, i]: every read is a contiguous run of a
     # row. Each thread owns a strip of columns; for each cluster it streams the strip of that
-    # cluster's rows (``order`` sorts points by label) four at a time into one float64
-    # accumulator, so K is read once and the accumulator stays in L1 (papers' Eq. 3-4).
+    # cluster's rows (``order`` sorts points by label) four at a time, so K is read once
+    # (papers' Eq. 3-4). Partial sums run in K's precision (full SIMD width) over blocks of
+    # BLOCK_ROWS rows and are added into float64, which keeps float64-level accuracy.
     n = K.shape[0]
     width = 1024
+    block_rows = 128
     nstrips = (n + width - 1) // width
     for s in prange(nstrips):
         c0 = s * width
         c1 = min(n, c0 + width)
         m = c1 - c0
         acc = np.empty(m, dtype=np.float64)
+        part = np.empty(m, dtype=K.dtype)
         for c in range(k):
             acc[:] = 0.0
             p = starts[c]
             end = starts[c + 1]
-            while p + 4 <= end:
-                j0 = order[p]
-                j1 = order[p + 1]
-                j2 = order[p + 2]
-                j3 = order[p + 3]
-                w0 = weights[j0]
-                w1 = weights[j1]
-                w2 = weights[j2]
-                w3 = weights[j3]
-                r0 = K[j0, c0:c1]
-                r1 = K[j1, c0:c1]
-                r2 = K[j2, c0:c1]
-                r3 = K[j3, c0:c1]
-                for t in range(m):
-                    acc[t] += (w0 * r0[t] + w1 * r1[t]) + (w2 * r2[t] + w3 * r3[t])
-                p += 4
             while p < end:
-                j0 = order[p]
-                w0 = weights[j0]
-                r0 = K[j0, c0:c1]
+                stop = min(end, p + block_rows)
+                part[:] = 0.0
+                while p + 4 <= stop:
+                    j0 = order[p]
+                    j1 = order[p + 1]
+                    j2 = order[p + 2]
+                    j3 = order[p + 3]
+                    w0 = weights[j0]
+                    w1 = weights[j1]
+                    w2 = weights[j2]
+                    w3 = weights[j3]
+                    r0 = K[j0, c0:c1]
+                    r1 = K[j1, c0:c1]
+                    r2 = K[j2, c0:c1]
+                    r3 = K[j3, c0:c1]
+                    for t in range(m):
+                        part[t] += (w0 * r0[t] + w1 * r1[t]) + (w2 * r2[t] + w3 * r3[t])
+                    p += 4
+                while p < stop:
+                    j0 = order[p]
+                    w0 = weights[j0]
+                    r0 = K[j0, c0:c1]
+                    for t in range(m):
+                        part[t] += w0 * r0[t]
+                    p += 1
                 for t in range(m):
-                    acc[t] += w0 * r0[t]
-                p += 1
+                    acc[t] += part[t]
             for t in range(m):
                 out[c0 + t, c] = acc[t]
 
@@ -122,7 +130,7 @@ def cluster_sums(K, labels, weights, k):
     starts = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(np.bincount(labels, minlength=k), out=starts[1:])
     out = np.empty((K.shape[0], k), dtype=np.float64)
-    _cluster_sums_symmetric(K, order, starts, weights, k, out)
+    _cluster_sums_symmetric(K, order, starts, np.asarray(weights, dtype=K.dtype), k, out)
     return out
 
 

@@ -21,8 +21,10 @@ The Off-the-grid paper writes the RBF kernel as exp(-||x - y||^2 / sigma): gamma
 ``gamma="scale"`` is scikit-learn's SVC heuristic; it makes gamma * E||x - y||^2 = 2 for
 independent features, so kernel values are of order exp(-2) rather than 0 or 1.
 
-The matrix is built in row tiles: one GEMM for the inner products of the tile, then one fused
-elementwise pass (``ops.kernel_epilogue``) that turns them into kernel values in place.
+The matrix is built as inner products from a GEMM, then one fused elementwise pass
+(``ops.kernel_epilogue``) that turns them into kernel values in place. K(X, X) takes a single
+product X X^T written straight into K (BLAS syrk on the CPU: one triangle, mirrored); K(X, Y)
+and callables go in row tiles of about ``TILE_BYTES``.
 """
 
 from __future__ import annotations
@@ -190,7 +192,9 @@ def kernel_block(A, B, spec: KernelSpec, backend: Backend, out=None, a_sq=None, 
 
 
 def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, verbose=False):
-    """The dense kernel matrix between prepared features A (m, d) and B (n, d), built in row tiles.
+    """The dense kernel matrix between prepared features A (m, d) and B (n, d).
+
+    ``A is B`` takes one X X^T product into K; otherwise (or with ``tile``) row tiles of ``tile`` rows.
 
     Checks that the (m, n) array fits the device's free memory before allocating it.
     """
@@ -205,11 +209,21 @@ def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, 
     distance = spec.name in _DISTANCE_KERNELS
     a_sq = (A * A).sum(axis=1) if distance else None
     b_sq = (B * B).sum(axis=1) if distance else None
-    step = tile or tile_rows(n, itemsize)
-    for i0 in range(0, m, step):
-        i1 = min(m, i0 + step)
-        kernel_block(A[i0:i1], B, spec, backend, out=K[i0:i1],
-                     a_sq=None if a_sq is None else a_sq[i0:i1], b_sq=b_sq)
+    if A is B and spec.name != "callable" and tile is None:
+        # K = kappa(X X^T): one product of X with itself straight into K (NumPy hands it to BLAS
+        # syrk, which computes one triangle and mirrors it: a third less time than general GEMM
+        # tiles), then one fused elementwise pass over K.
+        xp.matmul(A, A.T, out=K)
+        code = EPILOGUE_CODES[spec.name]
+        if code != 0:
+            sq = a_sq if distance else xp.zeros(1, dtype=A.dtype)
+            backend.ops.kernel_epilogue(K, sq, sq, code, spec.gamma or 0.0, spec.coef0, spec.degree)
+    else:
+        step = tile or tile_rows(n, itemsize)
+        for i0 in range(0, m, step):
+            i1 = min(m, i0 + step)
+            kernel_block(A[i0:i1], B, spec, backend, out=K[i0:i1],
+                         a_sq=None if a_sq is None else a_sq[i0:i1], b_sq=b_sq)
     if distance and A is B:
         # ||x - x|| is exactly 0; the GEMM form leaves rounding there, which the laplacian's sqrt
         # would amplify to ~1e-8 (float64) in K_ii.

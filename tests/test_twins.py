@@ -127,9 +127,10 @@ def test_build_in_tiles_equals_one_block():
     spec = _kernels.resolve_kernel("rbf", X=X)
     spec = _kernels.with_center(spec, X, np)
     A = _kernels.prepare_features(X, spec, be, np.float64)
-    whole = _kernels.build_kernel_matrix(A, A, spec, be, tile=53)
-    tiled = _kernels.build_kernel_matrix(A, A, spec, be, tile=4)
+    whole = _kernels.build_kernel_matrix(A, A, spec, be)  # symmetric path: one X X^T product
+    tiled = _kernels.build_kernel_matrix(A, A, spec, be, tile=4)  # general path: row tiles
     np.testing.assert_allclose(whole, tiled, rtol=1e-14, atol=1e-15)  # BLAS blocking may differ by an ulp
+    np.testing.assert_array_equal(whole, whole.T)
     d2 = ((X[:, None] - X[None]) ** 2).sum(-1)
     np.testing.assert_allclose(whole, np.exp(-spec.gamma * d2), rtol=1e-12, atol=1e-13)
 
