@@ -117,6 +117,11 @@ def _build_parser():
                      help="most assignment steps per initialisation (default: 300)")
     fit.add_argument("--seed", type=int, default=None, metavar="S",
                      help="random seed, for reproducible labels (default: unseeded)")
+    fit.add_argument("--labels-last-column", action="store_true",
+                     help="the last column holds true labels (as in ../shared/data): cluster the other "
+                          "columns and report NMI and ARI against it")
+    fit.add_argument("--standardize", action="store_true",
+                     help="scale every feature to zero mean and unit variance first")
     fit.add_argument("--verbose", action="store_true", help="report progress per iteration")
     fit.add_argument("-o", "--output", type=Path, default=None, metavar="LABELS.csv",
                      help="write the labels there, one integer in [0, K) per line")
@@ -141,6 +146,14 @@ def int_or_auto(text):
 
 def _run_fit(args):
     X = datasets.load_array(args.data)
+    y_true = None
+    if args.labels_last_column:
+        if X.shape[1] < 2:
+            raise ValueError(f"--labels-last-column needs at least 2 columns; {args.data} has {X.shape[1]}.")
+        X, y_true = X[:, :-1], X[:, -1]
+    if args.standardize:
+        std = X.std(axis=0)
+        X = (X - X.mean(axis=0)) / np.where(std > 0, std, 1.0)
     result = kkmgpu.fit(
         X, args.k, kernel=args.kernel, gamma=args.gamma, degree=args.degree, coef0=args.coef0,
         device=args.device, dtype=args.dtype, init=args.init, n_init=args.n_init, max_iter=args.max_iter,
@@ -163,6 +176,9 @@ def _run_fit(args):
                     f"iterations {result.timings['iterations']:.3f})"),
         ("cluster sizes", " ".join(str(size) for size in np.bincount(labels, minlength=args.k))),
     ]
+    if y_true is not None:
+        summary.append(("NMI / ARI", f"{nmi(y_true, labels):.4f} / {kkmgpu.metrics.ari(y_true, labels):.4f} "
+                                     "against the last column"))
     if args.output is not None:
         summary.append(("labels", f"written to {args.output}"))
     width = max(len(name) for name, _ in summary)

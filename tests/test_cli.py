@@ -179,3 +179,31 @@ def test_demo_quick_without_optional_packages(tmp_path, capsys, monkeypatch):
         assert all(row["n"] == "1000" for row in real_rows)
     assert "circles.png skipped: matplotlib is not installed." in out
     assert not (tmp_path / "circles.png").exists()
+
+
+def test_fit_labels_in_last_column(tmp_path, capsys):
+    """A shared-data style csv (x1..xd,label): the label column is not clustered, and NMI is reported."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    rng = np.random.default_rng(5)
+    centres = np.array([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0]])
+    y = rng.integers(1, 4, 150)
+    X = centres[y - 1] + rng.normal(scale=0.5, size=(150, 2))
+    path = tmp_path / "blobs_labelled.csv"
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="x1,x2,label", comments="")
+    out = tmp_path / "labels.csv"
+    assert main(["fit", str(path), "-k", "3", "--kernel", "linear", "--labels-last-column", "--standardize",
+                 "--device", "cpu", "--seed", "0", "-o", str(out)]) == 0
+    labels = np.loadtxt(out, dtype=int)
+    printed = capsys.readouterr().out
+    expected = normalized_mutual_info_score(y, labels)
+    assert f"{expected:.4f}" in printed and "NMI / ARI" in printed
+    assert expected > 0.95  # well separated blobs: the label column was not used as a feature
+    assert "(150 x 2)" in printed  # the summary shows the clustered columns only
+
+
+def test_fit_labels_last_column_needs_two_columns(tmp_path, capsys):
+    path = tmp_path / "one.csv"
+    np.savetxt(path, np.arange(10.0)[:, None], delimiter=",")
+    assert main(["fit", str(path), "-k", "2", "--labels-last-column", "--device", "cpu"]) == 2
+    assert "at least 2 columns" in capsys.readouterr().err
