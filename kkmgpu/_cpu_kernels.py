@@ -71,14 +71,13 @@ def kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree):
 
 
 @njit(parallel=True, cache=True)
-def _cluster_sums_symmetric(K, order, starts, weights, k, out):
+def _cluster_sums_symmetric(K, order, starts, weights, k, width, out):
     # K is symmetric, so S[i, c] = sum_{j in c} w_j K[j, i]: every read is a contiguous run of a
     # row. Each thread owns a strip of columns; for each cluster it streams the strip of that
     # cluster's rows (``order`` sorts points by label) four at a time, so K is read once
     # (papers' Eq. 3-4). Partial sums run in K's precision (full SIMD width) over blocks of
     # BLOCK_ROWS rows and are added into float64, which keeps float64-level accuracy.
     n = K.shape[0]
-    width = 1024
     block_rows = 128
     nstrips = (n + width - 1) // width
     for s in prange(nstrips):
@@ -130,7 +129,11 @@ def cluster_sums(K, labels, weights, k):
     starts = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(np.bincount(labels, minlength=k), out=starts[1:])
     out = np.empty((K.shape[0], k), dtype=np.float64)
-    _cluster_sums_symmetric(K, order, starts, np.asarray(weights, dtype=K.dtype), k, out)
+    # strips of 1024 columns (4 KiB runs of a float32 row); narrower for small n so that every
+    # thread gets a strip
+    threads = numba.get_num_threads()
+    width = int(min(1024, max(64, 16 * -(-K.shape[0] // (16 * threads)))))
+    _cluster_sums_symmetric(K, order, starts, np.asarray(weights, dtype=K.dtype), k, width, out)
     return out
 
 
