@@ -65,6 +65,54 @@ __global__ void assign_labels(const double* __restrict__ S, const T* __restrict_
     }
 }
 
+// Segmented row sums over a symmetric K (papers' Eq. 3-4), one pass, no one-hot operand:
+//     S[i, clusters[p]] += coeffs[p] * K[rows[p], i]      for every entry p, i = 0..n-1
+// Entries are sorted by cluster. With rows = points in label order and coeffs = their weights this is
+// the full cluster-sum pass; with the moved points (+w into the new cluster, -w out of the old one)
+// it is the incremental update S += K[:, moved] dY.  Each thread owns one column i (a warp reads
+// 32 consecutive floats of a row: coalesced) and one chunk of entries (blockIdx.y); it keeps a
+// double accumulator for the current cluster and flushes it with one atomicAdd when the cluster
+// changes, so S must hold the values to add to (zero for a full pass).
+template <typename T>
+__global__ void segment_sums(const T* __restrict__ K, const long long* __restrict__ rows,
+                             const int* __restrict__ clusters, const double* __restrict__ coeffs,
+                             double* __restrict__ S, long long n, int k, long long n_entries,
+                             long long entries_per_chunk)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const long long p0 = (long long)blockIdx.y * entries_per_chunk;
+    long long p1 = p0 + entries_per_chunk;
+    if (p1 > n_entries) p1 = n_entries;
+    if (p0 >= p1) return;
+    int c = clusters[p0];
+    double acc = 0.0;
+#pragma unroll 4
+    for (long long p = p0; p < p1; ++p) {
+        const int cp = clusters[p];
+        if (cp != c) {
+            atomicAdd(&S[i * k + c], acc);
+            acc = 0.0;
+            c = cp;
+        }
+        acc += coeffs[p] * (double)K[rows[p] * n + i];
+    }
+    atomicAdd(&S[i * k + c], acc);
+}
+
+// The Off-the-grid bandwidth step (off-the-grid-bandwidth-search.txt, Algorithm 2, lines 5-9) in one
+// pass over both matrices: Kp <- sqrt(Kp); K <- K / Kp (divide != 0) or K * Kp.
+template <typename T>
+__global__ void offgrid_step(T* __restrict__ K, T* __restrict__ Kp, long long size, int divide)
+{
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < size; idx += stride) {
+        const T r = sqrt(Kp[idx]);
+        Kp[idx] = r;
+        K[idx] = divide ? K[idx] / r : K[idx] * r;
+    }
+}
+
 #ifndef __CUDACC_RTC__
 // Explicit instantiations so that a plain `nvcc --ptx` (CI's build check) compiles every body;
 // at run time CuPy instantiates the same templates through name_expressions.
@@ -72,4 +120,8 @@ template __global__ void kernel_epilogue<float>(float*, const float*, const floa
 template __global__ void kernel_epilogue<double>(double*, const double*, const double*, long long, long long, int, double, double, int);
 template __global__ void assign_labels<float>(const double*, const float*, const double*, const double*, const int*, int*, double*, unsigned long long*, long long, int);
 template __global__ void assign_labels<double>(const double*, const double*, const double*, const double*, const int*, int*, double*, unsigned long long*, long long, int);
+template __global__ void segment_sums<float>(const float*, const long long*, const int*, const double*, double*, long long, int, long long, long long);
+template __global__ void segment_sums<double>(const double*, const long long*, const int*, const double*, double*, long long, int, long long, long long);
+template __global__ void offgrid_step<float>(float*, float*, long long, int);
+template __global__ void offgrid_step<double>(double*, double*, long long, int);
 #endif

@@ -66,7 +66,8 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
 
 def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None, method="exact",
         device="auto", dtype="float32", init="k-means++", n_init="auto", max_iter=300, tol=1e-6,
-        sample_weight=None, random_state=None, verbose=False, keep_on_device=False) -> KernelKMeansResult:
+        sample_weight=None, random_state=None, verbose=False, keep_on_device=False,
+        update="auto") -> KernelKMeansResult:
     """Cluster the rows of X into k clusters with kernel k-means.
 
     Lloyd iterations on the kernel matrix (papers' Eq. 3-4): every point moves to the cluster whose
@@ -117,6 +118,11 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         Print the kernel build and the objective at every iteration.
     keep_on_device : bool, default=False
         Return ``labels`` as a device (CuPy) array instead of NumPy int32.
+    update : {"auto", "full", "incremental"}, default="auto"
+        How the cluster sums follow an assignment step: "full" re-reads all of K; "incremental"
+        adds K[:, moved] dY for the m points that moved (reads 2m of the n rows); "auto" takes
+        whichever reads fewer bytes. Labels are the same either way; S is recomputed in full at
+        least every 16 steps.
 
     Returns
     -------
@@ -142,7 +148,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     t_start = time.perf_counter()
     dt = _validation.check_dtype(dtype)
     max_iter, tol, n_init = _validation.check_params(method=method, max_iter=max_iter, tol=tol,
-                                                     n_init=n_init, init=init)
+                                                     n_init=n_init, init=init, update=update)
     rng = _validation.make_rng(random_state)
     precomputed = _kernels.canonical_kernel_name(kernel) == "precomputed"
     backend = resolve_device(device, (X,))
@@ -173,7 +179,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
 
         operator = DenseKernelOperator(K, weights, backend)
         best, runs, init_seconds = run_restarts(operator, k, init=init, n_init=n_init, max_iter=max_iter,
-                                                tol=tol, rng=rng, verbose=verbose)
+                                                tol=tol, rng=rng, verbose=verbose, update=update)
         t_end = backend.timer()
 
         labels = best.labels if keep_on_device else backend.to_host(best.labels).astype(np.int32)

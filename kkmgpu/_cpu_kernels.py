@@ -6,13 +6,17 @@ Operations
 ----------
 kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree)
     In place: turn a block of inner products G[i, j] = <x_i, y_j> into kernel values.
-cluster_sums(K, labels, weights, k)
-    S[i, c] = sum_{j in c} w_j K[i, j] for a symmetric K (papers' Eq. 3-4), float64 (n, k).
+segment_sums(K, rows, clusters, coeffs, S)
+    In place S[i, clusters[p]] += coeffs[p] K[rows[p], i] for a symmetric K, entries sorted by
+    cluster: the full cluster sums S[i, c] = sum_{j in c} w_j K[i, j] (papers' Eq. 3-4) and their
+    incremental update for the points that moved.
 block_cluster_sums(B, labels, weights, k)
     The same for a rectangular block B (m, n_train) between new and training points.
 assign_labels(S, diag, sizes, within, labels)
     Fused distance + argmin + "did it move": new labels, distance to the chosen centre,
     number of points that changed cluster.
+offgrid_step(K, Kp, divide)
+    In place Kp <- sqrt(Kp); K <- K / Kp or K * Kp (Off-the-grid, Algorithm 2).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from numba import njit, prange
 
 from ._kernels import EPILOGUE_CODES
 
-__all__ = ["kernel_epilogue", "cluster_sums", "block_cluster_sums", "assign_labels"]
+__all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "offgrid_step"]
 
 _RBF = EPILOGUE_CODES["rbf"]
 _POLY = EPILOGUE_CODES["polynomial"]
@@ -71,70 +75,108 @@ def kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree):
 
 
 @njit(parallel=True, cache=True)
-def _cluster_sums_symmetric(K, order, starts, weights, k, width, out):
-    # K is symmetric, so S[i, c] = sum_{j in c} w_j K[j, i]: every read is a contiguous run of a
-    # row. Each thread owns a strip of columns; for each cluster it streams the strip of that
-    # cluster's rows (``order`` sorts points by label) four at a time, so K is read once
-    # (papers' Eq. 3-4). Partial sums run in K's precision (full SIMD width) over blocks of
-    # BLOCK_ROWS rows and are added into float64, which keeps float64-level accuracy.
+def _segment_sums(K, rows, seg_starts, seg_clusters, coeffs, width, S):
+    # K is symmetric, so S[i, c] += coeff * K[row, i] reads a contiguous run of the row. Each thread
+    # owns a strip of columns; for each segment (entries of one cluster) it streams the strip of
+    # the segment's rows four at a time, so K is read once per entry (papers' Eq. 3-4). Partial sums
+    # run in K's precision (full SIMD width) over blocks of 128 rows and are then added into float64,
+    # which keeps float64-level accuracy.
     n = K.shape[0]
     block_rows = 128
     nstrips = (n + width - 1) // width
+    nseg = seg_clusters.shape[0]
     for s in prange(nstrips):
         c0 = s * width
         c1 = min(n, c0 + width)
         m = c1 - c0
         acc = np.empty(m, dtype=np.float64)
         part = np.empty(m, dtype=K.dtype)
-        for c in range(k):
+        for g in range(nseg):
+            c = seg_clusters[g]
             acc[:] = 0.0
-            p = starts[c]
-            end = starts[c + 1]
+            p = seg_starts[g]
+            end = seg_starts[g + 1]
             while p < end:
                 stop = min(end, p + block_rows)
                 part[:] = 0.0
                 while p + 4 <= stop:
-                    j0 = order[p]
-                    j1 = order[p + 1]
-                    j2 = order[p + 2]
-                    j3 = order[p + 3]
-                    w0 = weights[j0]
-                    w1 = weights[j1]
-                    w2 = weights[j2]
-                    w3 = weights[j3]
-                    r0 = K[j0, c0:c1]
-                    r1 = K[j1, c0:c1]
-                    r2 = K[j2, c0:c1]
-                    r3 = K[j3, c0:c1]
+                    w0 = coeffs[p]
+                    w1 = coeffs[p + 1]
+                    w2 = coeffs[p + 2]
+                    w3 = coeffs[p + 3]
+                    r0 = K[rows[p], c0:c1]
+                    r1 = K[rows[p + 1], c0:c1]
+                    r2 = K[rows[p + 2], c0:c1]
+                    r3 = K[rows[p + 3], c0:c1]
                     for t in range(m):
                         part[t] += (w0 * r0[t] + w1 * r1[t]) + (w2 * r2[t] + w3 * r3[t])
                     p += 4
                 while p < stop:
-                    j0 = order[p]
-                    w0 = weights[j0]
-                    r0 = K[j0, c0:c1]
+                    w0 = coeffs[p]
+                    r0 = K[rows[p], c0:c1]
                     for t in range(m):
                         part[t] += w0 * r0[t]
                     p += 1
                 for t in range(m):
                     acc[t] += part[t]
             for t in range(m):
-                out[c0 + t, c] = acc[t]
+                S[c0 + t, c] += acc[t]
 
 
-def cluster_sums(K, labels, weights, k):
-    """S[i, c] = sum_{j in cluster c} weights[j] * K[i, j] for a symmetric K; float64 (n, k)."""
-    k = int(k)
-    order = np.argsort(labels, kind="stable").astype(np.int64)
-    starts = np.zeros(k + 1, dtype=np.int64)
-    np.cumsum(np.bincount(labels, minlength=k), out=starts[1:])
-    out = np.empty((K.shape[0], k), dtype=np.float64)
+def segment_sums(K, rows, clusters, coeffs, S):
+    """In place: S[i, clusters[p]] += coeffs[p] * K[rows[p], i] for a symmetric K (n, n).
+
+    Entries are sorted by cluster. With ``rows`` the points in label order and ``coeffs`` their
+    weights (and S zero) this is the full cluster-sum pass; with +w / -w entries for the points that
+    moved it is the incremental update S += K[:, moved] dY.
+
+    Parameters
+    ----------
+    K : float32 or float64 array of shape (n, n), C-contiguous, symmetric
+    rows : int64 array of shape (n_entries,)
+    clusters : int32 array of shape (n_entries,), non-decreasing
+    coeffs : float64 array of shape (n_entries,)
+    S : float64 array of shape (n, k), C-contiguous; updated in place
+    """
+    n_entries = rows.shape[0]
+    if n_entries == 0 or K.shape[0] == 0:
+        return S
+    bounds = np.flatnonzero(np.diff(clusters)) + 1
+    seg_starts = np.concatenate(([0], bounds, [n_entries])).astype(np.int64)
+    seg_clusters = np.ascontiguousarray(clusters[seg_starts[:-1]], dtype=np.int64)
     # strips of 1024 columns (4 KiB runs of a float32 row); narrower for small n so that every
     # thread gets a strip
     threads = numba.get_num_threads()
     width = int(min(1024, max(64, 16 * -(-K.shape[0] // (16 * threads)))))
-    _cluster_sums_symmetric(K, order, starts, np.asarray(weights, dtype=K.dtype), k, width, out)
-    return out
+    _segment_sums(K, np.ascontiguousarray(rows, dtype=np.int64), seg_starts, seg_clusters,
+                  np.asarray(coeffs, dtype=K.dtype), width, S)
+    return S
+
+
+@njit(parallel=True, cache=True)
+def _offgrid_step(K, Kp, divide):
+    n = K.shape[0]
+    for i in prange(n):
+        for j in range(K.shape[1]):
+            r = np.sqrt(Kp[i, j])
+            Kp[i, j] = r
+            if divide:
+                K[i, j] = K[i, j] / r
+            else:
+                K[i, j] = K[i, j] * r
+
+
+def offgrid_step(K, Kp, divide):
+    """In place, one pass over both matrices: Kp <- sqrt(Kp); K <- K / Kp if divide else K * Kp.
+
+    The element-wise step of the Off-the-grid bandwidth search (off-the-grid-bandwidth-search.txt,
+    Algorithm 2, lines 5-9). K and Kp: arrays of the same shape and dtype (2-D, C-contiguous).
+    """
+    if K.ndim != 2 or K.shape != Kp.shape or K.dtype != Kp.dtype:
+        raise ValueError(f"K {K.shape} {K.dtype} and Kp {Kp.shape} {Kp.dtype} must be 2-D and match "
+                         "in shape and dtype.")
+    _offgrid_step(K, Kp, bool(divide))
+    return K, Kp
 
 
 @njit(parallel=True, cache=True)
@@ -209,6 +251,3 @@ def assign_labels(S, diag, sizes, within, labels):
     return new_labels, min_dist, int(changed)
 
 
-def _set_threads(n: int | None) -> None:  # pragma: no cover - convenience for benchmarks
-    if n is not None:
-        numba.set_num_threads(n)

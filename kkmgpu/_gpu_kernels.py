@@ -15,11 +15,15 @@ import numpy as np
 
 from ._backend import import_cupy
 
-__all__ = ["kernel_epilogue", "cluster_sums", "block_cluster_sums", "assign_labels", "cuda_source"]
+__all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "offgrid_step",
+           "cuda_source", "indicator_cluster_sums"]
 
 _SOURCE_NAME = "kernel_kmeans.cu"
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _THREADS = 256
+_KERNELS = ("kernel_epilogue", "assign_labels", "segment_sums", "offgrid_step")
+#: segment_sums splits the entries into chunks (grid.y) until about this many threads run
+_TARGET_THREADS = 1 << 21
 
 
 def cuda_source(name: str = _SOURCE_NAME) -> str:
@@ -33,7 +37,7 @@ def cuda_source(name: str = _SOURCE_NAME) -> str:
 @functools.lru_cache(maxsize=None)
 def _module(device_id: int):
     cp = import_cupy()
-    names = [f"{kern}<{t}>" for kern in ("kernel_epilogue", "assign_labels") for t in _TYPES.values()]
+    names = [f"{kern}<{t}>" for kern in _KERNELS for t in _TYPES.values()]
     with cp.cuda.Device(device_id):
         return cp.RawModule(code=cuda_source(), options=("-std=c++14",), name_expressions=names)
 
@@ -77,11 +81,47 @@ def _weighted_indicator(labels, weights, k, dtype):
     return Y
 
 
-def cluster_sums(K, labels, weights, k):
-    """S[i, c] = sum_{j in cluster c} weights[j] * K[i, j]; float64 (n, k).
+def segment_sums(K, rows, clusters, coeffs, S):
+    """In place: S[i, clusters[p]] += coeffs[p] * K[rows[p], i]; see :func:`kkmgpu._cpu_kernels.segment_sums`.
 
-    One cuBLAS product K @ (W * one-hot); the custom single-pass kernel is the GPU-engine issue's.
+    One pass over the entries' rows of K with no one-hot operand (``segment_sums`` in
+    kernels_cuda/kernel_kmeans.cu): threads own columns, grid.y chunks of entries, atomics flush.
     """
+    cp = import_cupy()
+    n = K.shape[0]
+    n_entries = rows.shape[0]
+    if n_entries == 0 or n == 0:
+        return S
+    if not (K.flags.c_contiguous and S.flags.c_contiguous and S.dtype == cp.float64):
+        raise ValueError("segment_sums needs a C-contiguous K and a C-contiguous float64 S")
+    k = S.shape[1]
+    blocks_x = (n + _THREADS - 1) // _THREADS
+    chunks = int(min(n_entries, max(1, _TARGET_THREADS // (blocks_x * _THREADS))))
+    per_chunk = (n_entries + chunks - 1) // chunks
+    chunks = (n_entries + per_chunk - 1) // per_chunk
+    _function("segment_sums", K.dtype)(
+        (blocks_x, chunks), (_THREADS,),
+        (K, cp.ascontiguousarray(rows, dtype=cp.int64), cp.ascontiguousarray(clusters, dtype=cp.int32),
+         cp.ascontiguousarray(coeffs, dtype=cp.float64), S, np.int64(n), np.int32(k),
+         np.int64(n_entries), np.int64(per_chunk)))
+    return S
+
+
+def offgrid_step(K, Kp, divide):
+    """In place, one pass: Kp <- sqrt(Kp); K <- K / Kp if divide else K * Kp (Off-the-grid, Algorithm 2)."""
+    if K.ndim != 2 or K.shape != Kp.shape or K.dtype != Kp.dtype:
+        raise ValueError(f"K {K.shape} {K.dtype} and Kp {Kp.shape} {Kp.dtype} must be 2-D and match "
+                         "in shape and dtype.")
+    if not (K.flags.c_contiguous and Kp.flags.c_contiguous):
+        raise ValueError("offgrid_step needs C-contiguous K and Kp")
+    if K.size:
+        _function("offgrid_step", K.dtype)(_grid(K.size), (_THREADS,),
+                                           (K, Kp, np.int64(K.size), np.int32(bool(divide))))
+    return K, Kp
+
+
+def indicator_cluster_sums(K, labels, weights, k):
+    """The plain CuPy way, K @ (W * one-hot): the baseline the custom kernel is benchmarked against."""
     return block_cluster_sums(K, labels, weights, k)
 
 

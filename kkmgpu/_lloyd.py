@@ -24,8 +24,17 @@ class ConvergenceWarning(UserWarning):
     """Lloyd iterations stopped at max_iter, or fewer distinct clusters than requested remain."""
 
 
+def _argsort_stable(xp, a):
+    return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
+
+
 class DenseKernelOperator:
-    """Cluster sums from a dense symmetric kernel matrix held on the device."""
+    """Cluster sums from a dense symmetric kernel matrix held on the device.
+
+    Full pass: S[i, c] = sum_{j in c} w_j K[i, j], one read of K. Incremental pass after m points
+    moved: S += K[:, moved] dY (dY[j] = +w_j at the new cluster, -w_j at the old one), which reads
+    2 m rows of K instead of n.
+    """
 
     def __init__(self, K, weights, backend: Backend):
         self.K = K
@@ -39,7 +48,25 @@ class DenseKernelOperator:
         return self.backend.to_host(self.K[self.backend.asarray(np.asarray(index))]).astype(np.float64)
 
     def cluster_sums(self, labels, k):
-        return self.backend.ops.cluster_sums(self.K, labels, self.weights, k)
+        xp = self.backend.xp
+        order = _argsort_stable(xp, labels)
+        S = xp.zeros((self.n, k), dtype=xp.float64)
+        return self.backend.ops.segment_sums(self.K, order, labels[order], self.weights[order], S)
+
+    def incremental_cost(self, n_moved):
+        """Rows of K read by the incremental update, relative to a full pass."""
+        return 2.0 * n_moved / max(1, self.n)
+
+    def update_cluster_sums(self, S, old_labels, new_labels):
+        """S for ``new_labels`` from S for ``old_labels``, in place, reading only the moved rows."""
+        xp = self.backend.xp
+        moved = xp.flatnonzero(old_labels != new_labels)
+        rows = xp.concatenate([moved, moved])
+        clusters = xp.concatenate([new_labels[moved], old_labels[moved]]).astype(xp.int32)
+        w = self.weights[moved]
+        coeffs = xp.concatenate([w, -w])
+        order = _argsort_stable(xp, clusters)
+        return self.backend.ops.segment_sums(self.K, rows[order], clusters[order], coeffs[order], S)
 
 
 @dataclass
@@ -55,10 +82,9 @@ class LloydRun:
     n_distinct: int
 
 
-def _update(operator, labels, k, xp):
-    """Cluster sums, weighted sizes, within-cluster totals and the objective of ``labels``."""
+def _totals(operator, S, labels, k, xp):
+    """Weighted sizes n_c, within-cluster totals C_c and the objective of ``labels`` from S."""
     w = operator.weights
-    S = operator.cluster_sums(labels, k)
     sizes = xp.bincount(labels, weights=w, minlength=k)
     own = xp.take_along_axis(S, labels[:, None].astype(xp.int64), axis=1)[:, 0]
     within = xp.bincount(labels, weights=w * own, minlength=k)
@@ -67,7 +93,13 @@ def _update(operator, labels, k, xp):
     nonempty = sizes_h > 0
     total_diag = float((w * operator.diag).sum())
     objective = total_diag - float(np.sum(within_h[nonempty] / sizes_h[nonempty]))
-    return S, sizes_h, within_h, objective
+    return sizes_h, within_h, objective
+
+
+def _update(operator, labels, k, xp):
+    """Cluster sums, weighted sizes, within-cluster totals and the objective of ``labels``."""
+    S = operator.cluster_sums(labels, k)
+    return (S, *_totals(operator, S, labels, k, xp))
 
 
 def refill_empty_clusters(new_labels, min_dist, weights, k):
@@ -125,9 +157,20 @@ def _count_distinct_centres(operator, labels, S, sizes, within, k, xp) -> int:
     return len(distinct)
 
 
-def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, restart=None) -> LloydRun:
+#: After this many incremental updates in a row, S is recomputed in full (bounds rounding drift).
+FULL_REFRESH_EVERY = 16
+
+
+def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, restart=None,
+          update="auto") -> LloydRun:
     """Kernel k-means iterations from ``init_labels`` (device int32) until no label moves,
-    the relative objective change is <= tol, or max_iter assignment steps."""
+    the relative objective change is <= tol, or max_iter assignment steps.
+
+    ``update``: how S follows an assignment step. "auto" updates it from the moved points when that
+    reads fewer bytes of K than a full pass (and the operator supports it), "incremental" always
+    does, "full" never does; either way S is recomputed in full after FULL_REFRESH_EVERY
+    incremental steps in a row.
+    """
     backend = operator.backend
     xp = backend.xp
     t0 = backend.timer()
@@ -135,6 +178,7 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
     labels = backend.asarray(init_labels, dtype=np.int32)
     S, sizes, within, objective = _update(operator, labels, k, xp)
     history = [objective]
+    since_full = 0
     converged = False
     n_iter = 0
     prefix = f"[kkmgpu] init {restart}: " if restart is not None else "[kkmgpu] "
@@ -154,8 +198,17 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
             if verbose:
                 print(f"{prefix}iteration {n_iter}: no point changed cluster, converged")
             break
+        use_incremental = (update == "incremental" or (
+            update == "auto" and operator.incremental_cost(n_changed) < 1.0)) \
+            and hasattr(operator, "update_cluster_sums") and since_full < FULL_REFRESH_EVERY
+        if use_incremental:
+            S = operator.update_cluster_sums(S, labels, new_labels)
+            since_full += 1
+        else:
+            S = operator.cluster_sums(new_labels, k)
+            since_full = 0
         labels = new_labels
-        S, sizes, within, new_objective = _update(operator, labels, k, xp)
+        sizes, within, new_objective = _totals(operator, S, labels, k, xp)
         history.append(new_objective)
         if verbose:
             print(f"{prefix}iteration {n_iter}: objective {new_objective:.10g}, {n_changed} points moved")
@@ -220,7 +273,7 @@ def kmeans_plus_plus(operator, k, rng: np.random.Generator, n_local_trials=None)
     return labels
 
 
-def run_restarts(operator, k, *, init, n_init, max_iter, tol, rng, verbose):
+def run_restarts(operator, k, *, init, n_init, max_iter, tol, rng, verbose, update="auto"):
     """Run Lloyd from ``n_init`` initialisations; keep the lowest objective. Returns (best, seconds list)."""
     best = None
     init_seconds = 0.0
@@ -235,7 +288,7 @@ def run_restarts(operator, k, *, init, n_init, max_iter, tol, rng, verbose):
         else:
             labels0 = np.asarray(init, dtype=np.int32)
         init_seconds += time.perf_counter() - t0
-        run = lloyd(operator, labels0, k, max_iter=max_iter, tol=tol, verbose=verbose,
+        run = lloyd(operator, labels0, k, max_iter=max_iter, tol=tol, verbose=verbose, update=update,
                     restart=r if n_init > 1 else None)
         runs.append(run)
         if verbose and n_init > 1:

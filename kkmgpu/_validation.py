@@ -9,6 +9,7 @@ import numpy as np
 from ._backend import Backend, is_cupy_array
 
 METHODS = ("exact",)
+UPDATES = ("auto", "full", "incremental")
 INIT_NAMES = ("k-means++", "random")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -34,9 +35,11 @@ def check_int(value, name, minimum=None, maximum=None) -> int:
     return value
 
 
-def check_params(*, method, max_iter, tol, n_init, init):
+def check_params(*, method, max_iter, tol, n_init, init, update="auto"):
     if method not in METHODS:
         raise ValueError(f"method={method!r} is not available; use one of {list(METHODS)}.")
+    if update not in UPDATES:
+        raise ValueError(f"update={update!r} is not valid; use one of {list(UPDATES)}.")
     max_iter = check_int(max_iter, "max_iter", minimum=1)
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not np.isfinite(tol) or tol < 0:
         raise ValueError(f"tol={tol!r} must be a finite number >= 0.")

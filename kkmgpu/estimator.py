@@ -38,7 +38,7 @@ class KernelKMeans:
 
     def __init__(self, n_clusters=8, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None,
                  method="exact", device="auto", dtype="float32", init="k-means++", n_init="auto",
-                 max_iter=300, tol=1e-6, random_state=None, verbose=False):
+                 max_iter=300, tol=1e-6, random_state=None, verbose=False, update="auto"):
         self.n_clusters = n_clusters
         self.kernel = kernel
         self.gamma = gamma
@@ -54,6 +54,7 @@ class KernelKMeans:
         self.tol = tol
         self.random_state = random_state
         self.verbose = verbose
+        self.update = update
 
     @classmethod
     def _get_param_names(cls):
@@ -93,7 +94,7 @@ class KernelKMeans:
                             coef0=self.coef0, kernel_params=self.kernel_params, method=self.method,
                             device=self.device, dtype=self.dtype, init=self.init, n_init=self.n_init,
                             max_iter=self.max_iter, tol=self.tol, sample_weight=sample_weight,
-                            random_state=self.random_state, verbose=self.verbose)
+                            random_state=self.random_state, verbose=self.verbose, update=self.update)
         self.labels_ = self.result_.labels
         self.inertia_ = self.result_.objective
         self.n_iter_ = self.result_.n_iter

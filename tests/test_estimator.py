@@ -96,7 +96,7 @@ def test_default_params_follow_spec():
     assert params == {
         "n_clusters": 8, "kernel": "rbf", "gamma": None, "degree": 3, "coef0": None, "kernel_params": None,
         "method": "exact", "device": "auto", "dtype": "float32", "init": "k-means++", "n_init": "auto",
-        "max_iter": 300, "tol": 1e-6, "random_state": None, "verbose": False,
+        "max_iter": 300, "tol": 1e-6, "random_state": None, "verbose": False, "update": "auto",
     }
 
 

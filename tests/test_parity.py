@@ -14,6 +14,7 @@ from reference import (
 )
 
 import kkmgpu
+import reference
 
 # (n_samples, n_features, k, seed): awkward sizes, 1-D data, k = 1 and k = 7.
 CASES = [
@@ -318,3 +319,21 @@ def test_kernel_matrix_callable_receives_params(device):
     K = host(kkmgpu.kernel_matrix(X, kernel=shifted_quadratic, kernel_params={"shift": 2.0}, dtype="float64",
                                   device=device))
     np.testing.assert_allclose(K, (X @ X.T + 2.0) ** 2, rtol=1e-12)
+
+
+@pytest.mark.parametrize("update", ["full", "incremental", "auto"])
+def test_update_modes_match_the_reference(device, update):
+    """Full passes, incremental updates (S += K[:, moved] dY) and the automatic choice all give the
+    reference's labels and objective from the same initial labels (float64)."""
+    rng = np.random.default_rng(77)
+    X = np.vstack([rng.normal(c, 1.2, size=(90, 3)) for c in (0.0, 3.0, 6.0)])
+    init = rng.integers(0, 3, X.shape[0])
+    gamma = 0.3
+    K = reference.kernel_matrix(X, kernel="rbf", gamma=gamma)
+    ref = reference.reference_kernel_kmeans(K, init, 3, max_iter=300, tol=0.0)
+    res = kkmgpu.fit(X, 3, kernel="rbf", gamma=gamma, init=init, dtype="float64", tol=0.0, device=device,
+                     update=update)
+    ref_labels, ref_objective = ref.labels, ref.objective
+    assert res.n_iter == ref.n_iter > 3
+    np.testing.assert_array_equal(res.labels, ref_labels)
+    assert res.objective == pytest.approx(ref_objective, rel=1e-9)

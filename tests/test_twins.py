@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import cuda_skip_reason
+import kkmgpu
 from kkmgpu import _kernels
 from kkmgpu._backend import Backend
+from kkmgpu._lloyd import DenseKernelOperator
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [(1, 1), (7, 13), (130, 67), (1025, 33)]
@@ -69,22 +71,107 @@ def _indicator_sums(K, labels, w, k):
     return K.astype(np.float64) @ Y
 
 
+def _symmetric_kernel(rng, n, dtype):
+    A = rng.normal(size=(n, 3))
+    return np.exp(-0.5 * ((A[:, None, :] - A[None, :, :]) ** 2).sum(-1)).astype(dtype)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n,k", [(1, 1), (5, 5), (37, 1), (203, 7), (1500, 3), (2100, 70)])
-def test_cluster_sums_match_indicator_product(backend, n, k, dtype):
+def test_full_cluster_sums_match_indicator_product(backend, n, k, dtype):
+    """The operator's full pass (segment_sums over the points in label order) = K @ (W * one-hot)."""
     rng = np.random.default_rng([n, k])
-    A = rng.normal(size=(n, 3))
-    K = np.exp(-0.5 * ((A[:, None, :] - A[None, :, :]) ** 2).sum(-1))  # symmetric, as the operator requires
+    K = _symmetric_kernel(rng, n, dtype)
     labels = rng.integers(0, k, n).astype(np.int32)
     if k > 1 and n > k:
         labels[labels == k - 1] = 0  # an empty cluster
     w = rng.uniform(0.1, 2.0, n)
     w[rng.random(n) < 0.1] = 0.0  # zero weights are allowed
-    Kd = backend.asarray(K, dtype=dtype)
-    S = backend.to_host(backend.ops.cluster_sums(Kd, backend.asarray(labels), backend.asarray(w), k))
-    expected = _indicator_sums(K.astype(dtype), labels, w, k)
+    op = DenseKernelOperator(backend.asarray(K), backend.asarray(w), backend)
+    S = backend.to_host(op.cluster_sums(backend.asarray(labels), k))
     assert S.shape == (n, k) and S.dtype == np.float64
+    np.testing.assert_allclose(S, _indicator_sums(K, labels, w, k),
+                               rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,k,n_moved", [(2, 2, 1), (40, 3, 0), (257, 5, 1), (300, 4, 37), (1100, 9, 1100)])
+def test_incremental_update_equals_full_recomputation(backend, n, k, n_moved, dtype):
+    """S(old) updated by the moved rows (S += K[:, moved] dY) equals S(new) computed in full."""
+    rng = np.random.default_rng([n, k, n_moved])
+    K = _symmetric_kernel(rng, n, dtype)
+    old = rng.integers(0, k, n).astype(np.int32)
+    new = old.copy()
+    moved = rng.choice(n, n_moved, replace=False)
+    new[moved] = (old[moved] + rng.integers(1, k, n_moved)) % k if k > 1 else old[moved]
+    w = rng.uniform(0.5, 1.5, n)
+    op = DenseKernelOperator(backend.asarray(K), backend.asarray(w), backend)
+    S = op.cluster_sums(backend.asarray(old), k)
+    S = backend.to_host(op.update_cluster_sums(S, backend.asarray(old), backend.asarray(new)))
+    expected = _indicator_sums(K, new, w, k)
     np.testing.assert_allclose(S, expected, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_segment_sums_accumulates_unsorted_rows_with_signed_coefficients(backend, dtype):
+    """The raw twin: entries sorted by cluster, rows in any order, repeated rows, negative coefficients."""
+    rng = np.random.default_rng(123)
+    n, k, m = 517, 6, 999
+    K = _symmetric_kernel(rng, n, dtype)
+    rows = rng.integers(0, n, m)
+    clusters = np.sort(rng.integers(0, k, m)).astype(np.int32)
+    coeffs = rng.normal(size=m)
+    S0 = rng.normal(size=(n, k))
+    expected = S0.copy()
+    for r, c, a in zip(rows, clusters, coeffs):
+        expected[:, c] += a * K[r].astype(np.float64)
+    S = backend.asarray(S0.copy())
+    backend.ops.segment_sums(backend.asarray(K), backend.asarray(rows), backend.asarray(clusters),
+                             backend.asarray(coeffs), S)
+    np.testing.assert_allclose(backend.to_host(S), expected, rtol=2e-5 if dtype == np.float32 else 1e-11,
+                               atol=2e-4 if dtype == np.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("divide", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1), (33, 33), (130, 257)])
+def test_offgrid_step_is_sqrt_then_product_or_quotient(backend, dtype, divide, shape):
+    rng = np.random.default_rng([*shape, divide])
+    D = rng.uniform(0.0, 4.0, shape)
+    K0 = np.exp(-D / 0.7)
+    Kp0 = np.exp(-D / 1.3)
+    K, Kp = backend.asarray(K0.astype(dtype)), backend.asarray(Kp0.astype(dtype))
+    backend.ops.offgrid_step(K, Kp, divide)
+    root = np.sqrt(Kp0.astype(dtype).astype(np.float64))
+    expected = K0.astype(dtype) / root if divide else K0.astype(dtype) * root
+    tol = dict(rtol=3e-7, atol=0) if dtype == np.float32 else dict(rtol=1e-15, atol=0)
+    np.testing.assert_allclose(backend.to_host(Kp), root, **tol)
+    np.testing.assert_allclose(backend.to_host(K), expected, **tol)
+    # the papers' identity: one step turns exp(-D/s) into exp(-D (1/s -+ 1/(2 s')))
+    sign = -1.0 if divide else 1.0
+    np.testing.assert_allclose(backend.to_host(K), np.exp(-D * (1 / 0.7 + sign / (2 * 1.3))),
+                               rtol=2e-6 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "polynomial"])
+def test_lloyd_incremental_equals_full_recomputation(backend, kernel):
+    """From the same initial labels the driver with incremental updates gives the full pass's labels,
+    history and objective (float64)."""
+    from kkmgpu import _lloyd
+
+    rng = np.random.default_rng(2024)
+    X = np.vstack([rng.normal(c, 1.0, size=(120, 4)) for c in (0.0, 2.5, 5.0)])
+    K = kkmgpu.kernel_matrix(X, kernel=kernel, dtype="float64", device="cpu")
+    init = rng.integers(0, 3, X.shape[0]).astype(np.int32)
+    w = rng.uniform(0.5, 2.0, X.shape[0])
+    runs = []
+    for update in ("full", "incremental"):
+        op = DenseKernelOperator(backend.asarray(K), backend.asarray(w), backend)
+        runs.append(_lloyd.lloyd(op, init, 3, max_iter=100, tol=0.0, update=update))
+    full, incr = runs
+    assert incr.n_iter == full.n_iter > 2
+    np.testing.assert_array_equal(backend.to_host(incr.labels), backend.to_host(full.labels))
+    np.testing.assert_allclose(incr.history, full.history, rtol=1e-12)
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 4, 2), (19, 33, 4), (300, 77, 9)])
@@ -139,7 +226,7 @@ def test_cuda_sources_are_found_and_declare_the_twins():
     from kkmgpu._gpu_kernels import cuda_source  # importable without CuPy
 
     src = cuda_source()
-    for name in ("kernel_epilogue", "assign_labels"):
+    for name in ("kernel_epilogue", "assign_labels", "segment_sums", "offgrid_step"):
         assert re.search(rf"__global__ void {name}\(", src), name
 
 
@@ -149,4 +236,4 @@ def test_every_cu_file_compiles_with_nvcc(tmp_path):
         out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "--ptx", "-o", str(tmp_path / "x.ptx"), str(cu)],
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        assert (tmp_path / "x.ptx").read_text().count(".entry") >= 4
+        assert (tmp_path / "x.ptx").read_text().count(".entry") >= 8  # float and double of each kernel

@@ -294,3 +294,8 @@ def test_predict_precomputed_wrong_width():
     result = fit(K, 2, kernel="precomputed", random_state=0)
     with pytest.raises(ValueError, match="29"):
         kkmgpu.predict(result, np.ones((4, 29)))
+
+
+def test_unknown_update_mode(X):
+    with pytest.raises(ValueError, match=r"update='sometimes'.*auto.*full.*incremental"):
+        fit(X, update="sometimes")
