@@ -3,6 +3,7 @@
 // kkmgpu/_cpu_kernels.py; tests hold the two to each other.
 //
 // kind codes (kkmgpu/_kernels.py EPILOGUE_CODES): 0 linear, 1 rbf, 2 polynomial, 3 sigmoid, 4 laplacian.
+// Storage types: float, double, and unsigned short (float16 bits) for segment_sums.
 
 template <typename T>
 __device__ __forceinline__ double kkm_kernel_value(double g, double a, double b, int kind,
@@ -65,6 +66,38 @@ __global__ void assign_labels(const double* __restrict__ S, const T* __restrict_
     }
 }
 
+// float16 storage: K is passed as its IEEE 754 binary16 bit patterns (unsigned short) and widened
+// here with integer operations, so the module needs no cuda_fp16.h.
+__device__ __forceinline__ float kkm_half_to_float(unsigned short h)
+{
+    unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
+    unsigned int exponent = ((unsigned int)h >> 10) & 0x1fu;
+    unsigned int mantissa = (unsigned int)h & 0x3ffu;
+    unsigned int bits;
+    if (exponent == 0) {
+        if (mantissa == 0) {
+            bits = sign;                                   // +-0
+        } else {                                           // subnormal: normalise
+            exponent = 127 - 15 + 1;
+            while ((mantissa & 0x400u) == 0) { mantissa <<= 1; --exponent; }
+            mantissa &= 0x3ffu;
+            bits = sign | (exponent << 23) | (mantissa << 13);
+        }
+    } else if (exponent == 31) {
+        bits = sign | 0x7f800000u | (mantissa << 13);     // inf, nan
+    } else {
+        bits = sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13);
+    }
+    return __uint_as_float(bits);
+}
+
+__device__ __forceinline__ double kkm_value(const float* K, long long idx) { return (double)K[idx]; }
+__device__ __forceinline__ double kkm_value(const double* K, long long idx) { return K[idx]; }
+__device__ __forceinline__ double kkm_value(const unsigned short* K, long long idx)
+{
+    return (double)kkm_half_to_float(K[idx]);
+}
+
 // Segmented row sums over a symmetric K (papers' Eq. 3-4), one pass, no one-hot operand:
 //     S[i, clusters[p]] += coeffs[p] * K[rows[p], i]      for every entry p, i = 0..n-1
 // Entries are sorted by cluster. With rows = points in label order and coeffs = their weights this is
@@ -95,7 +128,7 @@ __global__ void segment_sums(const T* __restrict__ K, const long long* __restric
             acc = 0.0;
             c = cp;
         }
-        acc += coeffs[p] * (double)K[rows[p] * n + i];
+        acc += coeffs[p] * kkm_value(K, rows[p] * n + i);
     }
     atomicAdd(&S[i * k + c], acc);
 }
@@ -122,6 +155,7 @@ template __global__ void assign_labels<float>(const double*, const float*, const
 template __global__ void assign_labels<double>(const double*, const double*, const double*, const double*, const int*, int*, double*, unsigned long long*, long long, int);
 template __global__ void segment_sums<float>(const float*, const long long*, const int*, const double*, double*, long long, int, long long, long long);
 template __global__ void segment_sums<double>(const double*, const long long*, const int*, const double*, double*, long long, int, long long, long long);
+template __global__ void segment_sums<unsigned short>(const unsigned short*, const long long*, const int*, const double*, double*, long long, int, long long, long long);
 template __global__ void offgrid_step<float>(float*, float*, long long, int);
 template __global__ void offgrid_step<double>(double*, double*, long long, int);
 #endif

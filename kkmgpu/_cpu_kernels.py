@@ -25,7 +25,8 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from ._kernels import EPILOGUE_CODES
 
@@ -74,12 +75,35 @@ def kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree):
     return block
 
 
+def _decode(x, table):  # pragma: no cover - compiled through the overload below
+    """A stored kernel value as a number: float16 is kept as its uint16 bits and looked up in ``table``."""
+    raise NotImplementedError
+
+
+@overload(_decode, inline="always")
+def _decode_overload(x, table):
+    if isinstance(x, types.Integer):
+        return lambda x, table: table[x]
+    return lambda x, table: x
+
+
+#: float16 bit pattern -> float32 value, for the 65,536 patterns (numba has no float16 type).
+_HALF_TABLE = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def _storage_view(K):
+    """(array numba can read, decode table): float16 K is passed as uint16 bits plus the lookup table."""
+    if K.dtype == np.float16:
+        return K.view(np.uint16), _HALF_TABLE
+    return K, np.empty(0, dtype=K.dtype)
+
+
 @njit(parallel=True, cache=True)
-def _segment_sums(K, rows, seg_starts, seg_clusters, coeffs, width, S):
+def _segment_sums(K, table, rows, seg_starts, seg_clusters, coeffs, width, S):
     # K is symmetric, so S[i, c] += coeff * K[row, i] reads a contiguous run of the row. Each thread
     # owns a strip of columns; for each segment (entries of one cluster) it streams the strip of
     # the segment's rows four at a time, so K is read once per entry (papers' Eq. 3-4). Partial sums
-    # run in K's precision (full SIMD width) over blocks of 128 rows and are then added into float64,
+    # run in K's precision (float32 for float16 storage; full SIMD width) over blocks of 128 rows and are then added into float64,
     # which keeps float64-level accuracy.
     n = K.shape[0]
     block_rows = 128
@@ -90,7 +114,7 @@ def _segment_sums(K, rows, seg_starts, seg_clusters, coeffs, width, S):
         c1 = min(n, c0 + width)
         m = c1 - c0
         acc = np.empty(m, dtype=np.float64)
-        part = np.empty(m, dtype=K.dtype)
+        part = np.empty(m, dtype=table.dtype)
         for g in range(nseg):
             c = seg_clusters[g]
             acc[:] = 0.0
@@ -109,13 +133,14 @@ def _segment_sums(K, rows, seg_starts, seg_clusters, coeffs, width, S):
                     r2 = K[rows[p + 2], c0:c1]
                     r3 = K[rows[p + 3], c0:c1]
                     for t in range(m):
-                        part[t] += (w0 * r0[t] + w1 * r1[t]) + (w2 * r2[t] + w3 * r3[t])
+                        part[t] += ((w0 * _decode(r0[t], table) + w1 * _decode(r1[t], table))
+                                    + (w2 * _decode(r2[t], table) + w3 * _decode(r3[t], table)))
                     p += 4
                 while p < stop:
                     w0 = coeffs[p]
                     r0 = K[rows[p], c0:c1]
                     for t in range(m):
-                        part[t] += w0 * r0[t]
+                        part[t] += w0 * _decode(r0[t], table)
                     p += 1
                 for t in range(m):
                     acc[t] += part[t]
@@ -132,7 +157,7 @@ def segment_sums(K, rows, clusters, coeffs, S):
 
     Parameters
     ----------
-    K : float32 or float64 array of shape (n, n), C-contiguous, symmetric
+    K : float16, float32 or float64 array of shape (n, n), C-contiguous, symmetric
     rows : int64 array of shape (n_entries,)
     clusters : int32 array of shape (n_entries,), non-decreasing
     coeffs : float64 array of shape (n_entries,)
@@ -148,8 +173,9 @@ def segment_sums(K, rows, clusters, coeffs, S):
     # thread gets a strip
     threads = numba.get_num_threads()
     width = int(min(1024, max(64, 16 * -(-K.shape[0] // (16 * threads)))))
-    _segment_sums(K, np.ascontiguousarray(rows, dtype=np.int64), seg_starts, seg_clusters,
-                  np.asarray(coeffs, dtype=K.dtype), width, S)
+    values, table = _storage_view(K)
+    _segment_sums(values, table, np.ascontiguousarray(rows, dtype=np.int64), seg_starts, seg_clusters,
+                  np.asarray(coeffs, dtype=table.dtype), width, S)
     return S
 
 

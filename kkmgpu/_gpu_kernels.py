@@ -38,16 +38,21 @@ def cuda_source(name: str = _SOURCE_NAME) -> str:
 def _module(device_id: int):
     cp = import_cupy()
     names = [f"{kern}<{t}>" for kern in _KERNELS for t in _TYPES.values()]
+    names.append("segment_sums<unsigned short>")  # float16 storage, read as its bit patterns
     with cp.cuda.Device(device_id):
         return cp.RawModule(code=cuda_source(), options=("-std=c++14",), name_expressions=names)
 
 
 def _function(name: str, dtype) -> object:
     dtype = np.dtype(dtype)
-    if dtype not in _TYPES:
-        raise ValueError(f"dtype={dtype} is not supported by the CUDA kernels; use float32 or float64.")
+    if dtype == np.float16 and name == "segment_sums":
+        type_name = "unsigned short"
+    elif dtype in _TYPES:
+        type_name = _TYPES[dtype]
+    else:
+        raise ValueError(f"dtype={dtype} is not supported by the CUDA kernel {name}; use float32 or float64.")
     cp = import_cupy()
-    return _module(cp.cuda.runtime.getDevice()).get_function(f"{name}<{_TYPES[dtype]}>")
+    return _module(cp.cuda.runtime.getDevice()).get_function(f"{name}<{type_name}>")
 
 
 def _grid(total: int) -> tuple[int]:

@@ -191,25 +191,28 @@ def kernel_block(A, B, spec: KernelSpec, backend: Backend, out=None, a_sq=None, 
     return out
 
 
-def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, verbose=False):
+def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, verbose=False, storage=None):
     """The dense kernel matrix between prepared features A (m, d) and B (n, d).
 
     ``A is B`` takes one X X^T product into K; otherwise (or with ``tile``) row tiles of ``tile`` rows.
+    ``storage`` (default A's dtype) may be float16: tiles are then computed in A's precision and
+    rounded into a float16 K (half the memory; sums still accumulate in float32 / float64).
 
     Checks that the (m, n) array fits the device's free memory before allocating it.
     """
     xp = backend.xp
     m, n = A.shape[0], B.shape[0]
-    itemsize = np.dtype(A.dtype).itemsize
-    check_fits(m * n * itemsize, backend, f"the {m} x {n} {np.dtype(A.dtype).name} kernel matrix")
+    storage = np.dtype(A.dtype if storage is None else storage)
+    itemsize = storage.itemsize
+    check_fits(m * n * itemsize, backend, f"the {m} x {n} {storage.name} kernel matrix")
     if verbose:
         print(f"[kkmgpu] building the {m} x {n} {spec.name} kernel matrix "
-              f"({m * n * itemsize / 2**20:.1f} MiB, {np.dtype(A.dtype).name}) on {backend.name}")
-    K = xp.empty((m, n), dtype=A.dtype)
+              f"({m * n * itemsize / 2**20:.1f} MiB, {storage.name}) on {backend.name}")
+    K = xp.empty((m, n), dtype=storage)
     distance = spec.name in _DISTANCE_KERNELS
     a_sq = (A * A).sum(axis=1) if distance else None
     b_sq = (B * B).sum(axis=1) if distance else None
-    if A is B and spec.name != "callable" and tile is None:
+    if A is B and spec.name != "callable" and tile is None and storage == A.dtype:
         # K = kappa(X X^T): one product of X with itself straight into K (NumPy hands it to BLAS
         # syrk, which computes one triangle and mirrors it: a third less time than general GEMM
         # tiles), then one fused elementwise pass over K.
@@ -219,11 +222,14 @@ def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, 
             sq = a_sq if distance else xp.zeros(1, dtype=A.dtype)
             backend.ops.kernel_epilogue(K, sq, sq, code, spec.gamma or 0.0, spec.coef0, spec.degree)
     else:
-        step = tile or tile_rows(n, itemsize)
+        step = tile or tile_rows(n, np.dtype(A.dtype).itemsize)
         for i0 in range(0, m, step):
             i1 = min(m, i0 + step)
-            kernel_block(A[i0:i1], B, spec, backend, out=K[i0:i1],
-                         a_sq=None if a_sq is None else a_sq[i0:i1], b_sq=b_sq)
+            out = K[i0:i1] if storage == A.dtype else None
+            block = kernel_block(A[i0:i1], B, spec, backend, out=out,
+                                 a_sq=None if a_sq is None else a_sq[i0:i1], b_sq=b_sq)
+            if out is None:
+                K[i0:i1] = block  # rounded to the storage precision
     if distance and A is B:
         # ||x - x|| is exactly 0; the GEMM form leaves rounding there, which the laplacian's sqrt
         # would amplify to ~1e-8 (float64) in K_ii.

@@ -11,17 +11,22 @@ from ._backend import Backend, is_cupy_array
 METHODS = ("exact",)
 UPDATES = ("auto", "full", "incremental")
 INIT_NAMES = ("k-means++", "random")
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 
 
 def check_dtype(dtype) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except TypeError:
-        raise ValueError(f"dtype={dtype!r} is not valid; use 'float32' or 'float64'.") from None
+        raise ValueError(f"dtype={dtype!r} is not valid; use 'float32', 'float64' or 'float16'.") from None
     if dt not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not valid; use 'float32' or 'float64'.")
+        raise ValueError(f"dtype={dtype!r} is not valid; use 'float32', 'float64' or 'float16'.")
     return dt
+
+
+def compute_dtype(storage: np.dtype) -> np.dtype:
+    """Arithmetic precision for a storage precision: float16 storage is computed in float32."""
+    return np.dtype(np.float32) if storage == np.float16 else storage
 
 
 def check_int(value, name, minimum=None, maximum=None) -> int:
@@ -89,7 +94,7 @@ def check_symmetric(K, backend: Backend, rtol=None, block=1024):
     """Raise ValueError unless K equals K.T within a tolerance for its dtype (checked in tiles)."""
     xp = backend.xp
     if rtol is None:
-        rtol = 1e-5 if K.dtype == xp.float32 else 1e-10
+        rtol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(np.dtype(K.dtype), 1e-10)
     n = K.shape[0]
     scale = max(float(xp.abs(K[i:i + block]).max()) for i in range(0, n, block)) or 1.0
     diff = 0.0

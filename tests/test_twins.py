@@ -237,3 +237,40 @@ def test_every_cu_file_compiles_with_nvcc(tmp_path):
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert (tmp_path / "x.ptx").read_text().count(".entry") >= 8  # float and double of each kernel
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed on this machine")
+def test_cuda_half_to_float_matches_numpy_for_every_bit_pattern(tmp_path):
+    """The device function that widens float16 storage in kernels_cuda/kernel_kmeans.cu, compiled as host
+    C++ (its body is plain integer arithmetic), equals NumPy's float16 -> float32 for all 65,536 patterns."""
+    src = (ROOT / "kernels_cuda" / "kernel_kmeans.cu").read_text()
+    match = re.search(r"__device__ __forceinline__ float kkm_half_to_float\(unsigned short h\)\n\{.*?\n\}\n",
+                      src, re.S)
+    assert match, "kkm_half_to_float not found in kernel_kmeans.cu"
+    body = match.group(0).replace("__device__ __forceinline__", "static inline")
+    program = tmp_path / "half.cpp"
+    program.write_text(
+        "#include <cstdio>\n#include <cstring>\n"
+        "static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }\n"
+        + body +
+        "int main() { for (unsigned int h = 0; h < 65536u; ++h) { float f = kkm_half_to_float((unsigned short)h);"
+        " unsigned int u; std::memcpy(&u, &f, 4); std::printf(\"%u\\n\", u); } return 0; }\n")
+    exe = tmp_path / "half"
+    build = subprocess.run(["g++", "-O1", "-o", str(exe), str(program)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    got = np.array(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split(),
+                   dtype=np.uint64).astype(np.uint32)
+    expected = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (300, 4), (1100, 9)])
+def test_float16_storage_cluster_sums(backend, n, k):
+    """float16 storage: sums of the stored (rounded) values, accumulated without further loss."""
+    rng = np.random.default_rng([n, k, 16])
+    K16 = _symmetric_kernel(rng, n, np.float16)
+    labels = rng.integers(0, k, n).astype(np.int32)
+    w = rng.uniform(0.5, 1.5, n)
+    op = DenseKernelOperator(backend.asarray(K16), backend.asarray(w), backend)
+    S = backend.to_host(op.cluster_sums(backend.asarray(labels), k))
+    np.testing.assert_allclose(S, _indicator_sums(K16, labels, w, k), rtol=1e-6, atol=1e-6)

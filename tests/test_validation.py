@@ -229,7 +229,7 @@ def test_unknown_method(X):
 # --------------------------------------------------------------------------- dtype and device
 
 
-@pytest.mark.parametrize("dtype", ["float16", "int32", "complex64"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int32", "complex64", "float128"])
 def test_bad_dtype(X, dtype):
     with pytest.raises((ValueError, TypeError), match=dtype):
         fit(X, dtype=dtype)
