@@ -37,6 +37,52 @@ HOST = "host"  # recorder key of cases that run on the host CPU whatever the dev
 
 
 # --------------------------------------------------------------------------------------------
+# extension points for bench modules other than bench_exact.py (bench_gpu_engine.py): their own
+# benchmarks' floors, figures that compare cases (speed-ups), terminal lines and targets
+
+
+class Extension:
+    """What a bench module adds to the shared machinery; registered once by name (``register_extension``).
+
+    - ``floor_derivers``: benchmark name -> ``fn(case, floors, device)`` that fills in that benchmark's
+      floors and ratios in place (``derive_floors`` hands such cases to it);
+    - ``run_deriver``: ``fn(recorder)``, called once every case of the run has its floors (speed-ups
+      between cases of the same run, on different devices);
+    - ``summary``: ``fn(recorder) -> list[str]``, more lines of the terminal summary;
+    - ``targets``: dicts ``{target, case, quantity, rule, limit, stated_for, device_kind}`` reported in
+      ``targets`` of the result files of devices of that kind ("cpu" or "cuda"; None: every device).
+    """
+
+    def __init__(self, floor_derivers=None, run_deriver=None, summary=None, targets=()):
+        self.floor_derivers = dict(floor_derivers or {})
+        self.run_deriver = run_deriver
+        self.summary = summary
+        self.targets = list(targets)
+
+
+EXTENSIONS: dict[str, Extension] = {}
+
+
+def register_extension(name: str, **parts) -> Extension:
+    """Register (or replace) the extension ``name``; see :class:`Extension` for ``parts``."""
+    EXTENSIONS[name] = extension = Extension(**parts)
+    return extension
+
+
+def _floor_deriver(benchmark: str):
+    for extension in EXTENSIONS.values():
+        if benchmark in extension.floor_derivers:
+            return extension.floor_derivers[benchmark]
+    return None
+
+
+def _meets(value, rule: str, limit: float):
+    if value is None:
+        return None
+    return {"<=": value <= limit, "<": value < limit, ">=": value >= limit, ">": value > limit}[rule]
+
+
+# --------------------------------------------------------------------------------------------
 # devices
 
 
@@ -292,7 +338,13 @@ def derive_floors(case: dict, floors: Floors, device: str) -> None:
     - ``exact_iterations``: floor = bytes(K) / copy bandwidth (ARCHITECTURE.md memory floor of one iteration);
     - ``kernel_build``: floor = max(2 n^2 d / GEMM rate, bytes(K) / write bandwidth);
     - ``fit_end_to_end``: floor = kernel build floor + n_iter x iteration floor.
+
+    Benchmarks of other modules go to the floor deriver their module registered (``register_extension``).
     """
+    deriver = _floor_deriver(case["benchmark"])
+    if deriver is not None:
+        deriver(case, floors, device)
+        return
     bandwidths = floors.bandwidths(device)
     bytes_k, n, d = case["bytes_K"], case["n"], case["d"]
     iteration_floor = bytes_k / bandwidths["copy_bandwidth_Bps"]
@@ -511,6 +563,9 @@ class Recorder:
             floors.measure(device)
             for case in cases:
                 derive_floors(case, floors, device)
+        for extension in EXTENSIONS.values():
+            if extension.run_deriver is not None:
+                extension.run_deriver(self)
         self.finalized = True
 
 
@@ -556,6 +611,16 @@ def _targets(identity: dict, cases: list[dict]) -> list[dict]:
         out.append({"target": text, "case": f"{benchmark}-n{n}", "quantity": quantity, "value": value,
                     "rule": rule, "limit": limit, "met": met,
                     "stated_for": "a 2-core CPU", "this_device": identity["name"]})
+    for extension in EXTENSIONS.values():
+        for target in extension.targets:
+            if target.get("device_kind") not in (None, identity["kind"]):
+                continue
+            case = by_id.get(target["case"])
+            value = None if case is None else case.get(target["quantity"])
+            out.append({"target": target["target"], "case": target["case"], "quantity": target["quantity"],
+                        "value": value, "rule": target["rule"], "limit": target["limit"],
+                        "met": _meets(value, target["rule"], target["limit"]),
+                        "stated_for": target.get("stated_for"), "this_device": identity["name"]})
     return out
 
 
@@ -644,16 +709,20 @@ def summary_lines(recorder: Recorder) -> list[str]:
     """A table of the session's cases for the terminal (times in ms, ratios to the floors)."""
     lines = []
     host = {case["n"]: case for case in recorder.cases.get(HOST, [])}
+    scaling = ("exact_iterations", "kernel_build", "fit_end_to_end")  # bench_exact.py's; others: EXTENSIONS
     for device, cases in recorder.cases.items():
         if device == HOST:
+            continue
+        by_n: dict[int, dict] = {}
+        for case in cases:
+            if case["benchmark"] in scaling:
+                by_n.setdefault(case["n"], {})[case["benchmark"]] = case
+        if not by_n:
             continue
         lines.append(f"device {device}: per-iteration (exact_iterations), kernel build, end-to-end fit")
         lines.append(f"{'n':>6} {'iter ms':>9} {'floor ms':>9} {'ratio':>7} {'marg ms':>9} "
                      f"{'build ms':>9} {'floor ms':>9} {'ratio':>7} {'fit ms':>9} {'ratio':>7} "
                      f"{'tslearn ms':>10} {'speedup':>7} {'busy':>5}")
-        by_n: dict[int, dict] = {}
-        for case in cases:
-            by_n.setdefault(case["n"], {})[case["benchmark"]] = case
         for n in sorted(by_n):
             it = by_n[n].get("exact_iterations")
             kb = by_n[n].get("kernel_build")
@@ -671,5 +740,9 @@ def summary_lines(recorder: Recorder) -> list[str]:
                 f"{_ms(ts and ts['time_s']['per_iteration_marginal']):>10}", _x(speedup),
                 f"{_busy(it):>5}",
             ]))
-    lines.append("busy = cores used by other processes during the iteration case (0 = machine to itself)")
+    if lines:
+        lines.append("busy = cores used by other processes during the iteration case (0 = machine to itself)")
+    for extension in EXTENSIONS.values():
+        if extension.summary is not None:
+            lines.extend(extension.summary(recorder))
     return lines

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import _kernels, _validation
 from ._backend import resolve_device
+from . import _cats
 from ._lloyd import DenseKernelOperator, run_restarts
 from ._result import KernelKMeansResult
 
@@ -69,7 +70,8 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
 def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None, method="exact",
         device="auto", dtype="float32", init="k-means++", n_init="auto", max_iter=300, tol=1e-6,
         sample_weight=None, random_state=None, verbose=False, keep_on_device=False,
-        update="auto") -> KernelKMeansResult:
+        update="auto", n_samples_per_cluster=None, window=None, theta=None, rcond=None,
+        exact_objective=False) -> KernelKMeansResult:
     """Cluster the rows of X into k clusters with kernel k-means.
 
     Lloyd iterations on the kernel matrix (papers' Eq. 3-4): every point moves to the cluster whose
@@ -94,8 +96,11 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         Constant of the polynomial and sigmoid kernels (default 1).
     kernel_params : dict, optional
         Keyword arguments of a callable kernel.
-    method : {"exact"}, default="exact"
-        "exact" holds the dense n x n kernel matrix on the device.
+    method : {"exact", "cats"}, default="exact"
+        "exact" holds the dense n x n kernel matrix on the device. "cats" (Centroid Approximation
+        Through Sampling, papers/cats-centroid-approximation.txt) approximates each centroid by the
+        best combination of ``n_samples_per_cluster`` sampled members and never forms the n x n
+        matrix: O(n k l d) time and at most O(n k l) memory per iteration.
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
         "auto" takes the GPU when CuPy and a device are usable, else the CPU.
         ``KKMGPU_DEVICE=cpu`` in the environment forces the CPU.
@@ -127,6 +132,19 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         adds K[:, moved] dY for the m points that moved (reads 2m of the n rows); "auto" takes
         whichever reads fewer bytes. Labels are the same either way; S is recomputed in full at
         least every 16 steps.
+
+    n_samples_per_cluster : int, optional
+        CATS: the l points sampled (uniformly, seeded) from each cluster per iteration; clusters with
+        fewer members use all of them. Default ceil(sqrt(n / k)), the paper's choice.
+    window, theta : int, float, optional
+        CATS's stopping rule: halt when the variance of the last ``window`` approximate distortions is
+        <= ``theta`` times their squared mean (a scale-free form of the paper's rule). Defaults 5, 1e-6.
+    rcond : float, optional
+        CATS: eigenvalues of M_c below ``rcond`` times its largest are treated as zero in the
+        pseudoinverse M_c^+. Default 1e-6 (float32 / float16 data), 1e-12 (float64).
+    exact_objective : bool, default=False
+        CATS: also compute the exact kernel k-means objective of the final labels (in tiles, time
+        O(sum_c n_c^2 d), no n x n matrix) into ``result.exact_objective``.
 
     Returns
     -------
@@ -168,7 +186,13 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
                              f"at least k={k} are required.")
         if precomputed:
             _validation.check_symmetric(X, backend)
+        cats_params = _validation.check_cats_params(
+            method, n_samples_per_cluster=n_samples_per_cluster, window=window, theta=theta, rcond=rcond,
+            exact_objective=exact_objective, n=n, k=k, dtype=dt)
         t_valid = backend.timer()
+        if method == "cats":
+            return _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, rng,
+                             verbose, keep_on_device, cats_params, exact_objective, t_start, t_valid)
 
         if precomputed:
             features = None
@@ -201,8 +225,48 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
             kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
             cluster_sizes=best.sizes.copy(), n_init=n_init,
             objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
+            exact_objective=float(best.objective), stop_reason=best.stop_reason,
             _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
             _within=best.within.copy(), _n_train=n)
+
+
+def _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, rng, verbose,
+              keep_on_device, params, want_exact, t_start, t_valid):
+    """fit(method="cats"): sampled-centroid iterations on features (or on a given K), no n x n matrix."""
+    n = X.shape[0]
+    if precomputed:
+        source_array = backend.asarray(X, dtype=dt)
+    else:
+        source_array = _kernels.prepare_features(X, spec, backend, _validation.compute_dtype(dt))
+    source = _cats.KernelSource(source_array, spec, backend)
+    t_prepared = backend.timer()
+    best, runs, init_seconds, diag = _cats.run_restarts(
+        source, weights_h, k, init=init, n_init=n_init, max_iter=max_iter, window=params["window"],
+        theta=params["theta"], rcond=params["rcond"], l=params["l"], rng=rng, verbose=verbose)
+    t_iter = backend.timer()
+    labels_h = backend.to_host(best.labels).astype(np.int32)
+    exact = _cats.exact_objective(source, labels_h, weights_h, k, diag=diag) if want_exact else None
+    t_end = backend.timer()
+    timings = {
+        "validation": t_valid - t_start,
+        "kernel_build": t_prepared - t_valid,  # CATS builds no kernel matrix: feature preparation only
+        "init": init_seconds,
+        "iterations": float(sum(r.seconds for r in runs)),
+        "exact_objective": t_end - t_iter,
+        "total": t_end - t_start,
+    }
+    state = best.state
+    return KernelKMeansResult(
+        labels=best.labels if keep_on_device else labels_h, objective=float(best.objective),
+        objective_history=np.asarray(best.history, dtype=np.float64), n_iter=int(best.n_iter),
+        converged=bool(best.converged), n_clusters=k, method="cats", kernel=spec.name,
+        kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
+        cluster_sizes=best.sizes.astype(np.float64), n_init=n_init,
+        objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
+        exact_objective=exact, stop_reason=best.stop_reason, method_params=params,
+        _spec=spec, _train_features=None if precomputed else source_array, _train_labels=best.labels,
+        _train_weights=backend.asarray(weights_h), _within=np.zeros(k), _n_train=n,
+        _cats_state=state)
 
 
 def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
@@ -241,6 +305,8 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
             raise ValueError(f"X_new has {X_new.shape[1]} features but the model was fit on "
                              f"{result._train_features.shape[1]}.")
         xp = backend.xp
+        if result.method == "cats":
+            return _predict_cats(result, X_new, backend, dt, batch_size)
         sizes = np.asarray(result.cluster_sizes, dtype=np.float64)
         within = np.asarray(result._within, dtype=np.float64)
         train_labels = backend.asarray(result._train_labels, dtype=np.int32)
@@ -264,3 +330,33 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
                                                      xp.zeros(i1 - i0, dtype=xp.int32))
             out.append(backend.to_host(labels))
         return np.concatenate(out).astype(np.int32)
+
+
+def _predict_cats(result, X_new, backend, dt, batch_size):
+    """argmin_c -2 sum_s alpha_s k(x, s) + alpha_c^T M_c alpha_c with the final approximate centroids."""
+    xp = backend.xp
+    state = result._cats_state
+    spec = result._spec
+    k = result.n_clusters
+    index = backend.asarray(state.index.ravel())
+    alpha = backend.asarray(state.alpha)
+    m = X_new.shape[0]
+    step = batch_size or _kernels.tile_rows(index.shape[0], dt.itemsize)
+    if spec.name == "precomputed":
+        A_all = None
+    else:
+        A_all = _kernels.prepare_features(X_new, spec, backend, dt)
+        samples = backend.asarray(result._train_features)[index]
+    flags = state.nonempty.astype(np.float64)
+    out = []
+    for i0 in range(0, m, step):
+        i1 = min(m, i0 + step)
+        if A_all is None:
+            block = backend.asarray(X_new[i0:i1], dtype=dt)[:, index]
+        else:
+            block = _kernels.kernel_block(A_all[i0:i1], samples, spec, backend)
+        T = _cats._project(block, alpha, xp)
+        labels, _, _ = backend.ops.assign_labels(T, xp.zeros(i1 - i0, dtype=xp.float64), flags,
+                                                 state.offsets, xp.zeros(i1 - i0, dtype=xp.int32))
+        out.append(backend.to_host(labels))
+    return np.concatenate(out).astype(np.int32)

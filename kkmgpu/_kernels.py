@@ -236,3 +236,25 @@ def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, 
         idx = xp.arange(m)
         K[idx, idx] = 1
     return K
+
+
+def kernel_diagonal(A, spec: KernelSpec, backend: Backend, *, tile=1024):
+    """k(x_i, x_i) for the rows of prepared features A (n, d), float64, without an n x n matrix."""
+    xp = backend.xp
+    n = A.shape[0]
+    if spec.name in _DISTANCE_KERNELS:
+        return xp.ones(n, dtype=xp.float64)
+    sq = (A.astype(xp.float64) ** 2).sum(axis=1)
+    if spec.name == "linear":
+        return sq
+    if spec.name == "polynomial":
+        return (spec.gamma * sq + spec.coef0) ** spec.degree
+    if spec.name == "sigmoid":
+        return xp.tanh(spec.gamma * sq + spec.coef0)
+    if spec.name == "callable":
+        out = xp.empty(n, dtype=xp.float64)
+        for i0 in range(0, n, tile):
+            block = kernel_block(A[i0:i0 + tile], A[i0:i0 + tile], spec, backend)
+            out[i0:i0 + tile] = xp.diagonal(block)
+        return out
+    raise ValueError(f"kernel {spec.name!r} has no features to evaluate the diagonal from")

@@ -80,6 +80,7 @@ class LloydRun:
     within: np.ndarray        # C_c, float64 host (k,)
     seconds: float
     n_distinct: int
+    stop_reason: str = "max_iter"
 
 
 def _totals(operator, S, labels, k, xp):
@@ -180,6 +181,7 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
     history = [objective]
     since_full = 0
     converged = False
+    stop_reason = "max_iter"
     n_iter = 0
     prefix = f"[kkmgpu] init {restart}: " if restart is not None else "[kkmgpu] "
     if verbose:
@@ -194,7 +196,7 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
                 new_labels = backend.asarray(labels_h)
                 n_changed = int((new_labels != labels).sum())
         if n_changed == 0:
-            converged = True
+            converged, stop_reason = True, "no point moved"
             if verbose:
                 print(f"{prefix}iteration {n_iter}: no point changed cluster, converged")
             break
@@ -215,14 +217,14 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
         done = abs(objective - new_objective) <= tol * abs(objective)
         objective = new_objective
         if done:
-            converged = True
+            converged, stop_reason = True, "relative objective change <= tol"
             if verbose:
                 print(f"{prefix}relative objective change <= tol={tol:g}, converged")
             break
     n_distinct = _count_distinct_centres(operator, labels, S, sizes, within, k, xp)
     return LloydRun(labels=labels, objective=objective, history=history, n_iter=n_iter,
                     converged=converged, sizes=sizes, within=within,
-                    seconds=backend.timer() - t0, n_distinct=n_distinct)
+                    seconds=backend.timer() - t0, n_distinct=n_distinct, stop_reason=stop_reason)
 
 
 # --- initialisation ----------------------------------------------------------------------------

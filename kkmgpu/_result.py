@@ -49,6 +49,15 @@ class KernelKMeansResult:
         Restarts run; ``objectives`` holds the final objective of each.
     sample_weight : ndarray of shape (n_samples,)
         The weights used (ones when none were given), float64.
+    exact_objective : float or None
+        The kernel k-means objective of ``labels`` with exact centroids: equal to ``objective`` for
+        method="exact"; for method="cats" computed only with ``exact_objective=True`` (``objective``
+        and ``objective_history`` then hold CATS's approximate distortion).
+    stop_reason : str
+        Why the best restart stopped ("no point moved", "relative objective change <= tol", the CATS
+        variance rule, "max_iter").
+    method_params : dict
+        The resolved parameters of the method (for CATS: l, window, theta, rcond).
     """
 
     labels: object
@@ -67,6 +76,9 @@ class KernelKMeansResult:
     n_init: int
     objectives: np.ndarray
     sample_weight: np.ndarray
+    exact_objective: float | None = None
+    stop_reason: str = ""
+    method_params: dict = field(default_factory=dict)
     # what predict needs: training features (prepared, on the device), weights, and the cluster totals
     _spec: object = field(default=None, repr=False)
     _train_features: object = field(default=None, repr=False)
@@ -74,12 +86,14 @@ class KernelKMeansResult:
     _train_weights: object = field(default=None, repr=False)
     _within: np.ndarray = field(default=None, repr=False)
     _n_train: int = 0
+    _cats_state: object = field(default=None, repr=False)
 
     def __post_init__(self):
         for name in ("labels", "objective_history", "cluster_sizes", "objectives", "sample_weight", "_within"):
             object.__setattr__(self, name, _readonly(getattr(self, name)))
         object.__setattr__(self, "kernel_params", dict(self.kernel_params))
         object.__setattr__(self, "timings", dict(self.timings))
+        object.__setattr__(self, "method_params", dict(self.method_params))
 
     def __repr__(self) -> str:
         return (f"KernelKMeansResult(n_samples={self._n_train}, n_clusters={self.n_clusters}, "

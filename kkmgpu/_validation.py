@@ -8,7 +8,7 @@ import numpy as np
 
 from ._backend import Backend, is_cupy_array
 
-METHODS = ("exact",)
+METHODS = ("exact", "cats")
 UPDATES = ("auto", "full", "incremental")
 INIT_NAMES = ("k-means++", "random")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
@@ -171,3 +171,30 @@ def make_rng(random_state) -> np.random.Generator:
     if isinstance(random_state, np.random.RandomState):
         return np.random.default_rng(random_state.randint(0, 2**31 - 1))
     raise TypeError(f"random_state={random_state!r} must be None, an int, a numpy Generator or RandomState.")
+
+
+def check_cats_params(method, *, n_samples_per_cluster, window, theta, rcond, exact_objective, n, k, dtype):
+    """Resolve CATS's parameters; they are errors with any other method."""
+    given = {name: value for name, value in (("n_samples_per_cluster", n_samples_per_cluster),
+                                             ("window", window), ("theta", theta), ("rcond", rcond))
+             if value is not None}
+    if method != "cats":
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply to method='cats' (method={method!r}).")
+        return None
+    from ._cats import default_samples_per_cluster
+
+    l = default_samples_per_cluster(n, k) if n_samples_per_cluster is None else \
+        check_int(n_samples_per_cluster, "n_samples_per_cluster", minimum=1)
+    window = 5 if window is None else check_int(window, "window", minimum=2)
+    if theta is None:
+        theta = 1e-6
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not np.isfinite(theta) or theta < 0:
+        raise ValueError(f"theta={theta!r} must be a finite number >= 0.")
+    if rcond is None:
+        rcond = 1e-12 if dtype == np.float64 else 1e-6
+    if isinstance(rcond, bool) or not isinstance(rcond, numbers.Real) or not (0 <= rcond < 1):
+        raise ValueError(f"rcond={rcond!r} must be a number in [0, 1).")
+    if not isinstance(exact_objective, bool):
+        raise TypeError(f"exact_objective={exact_objective!r} must be True or False.")
+    return {"l": l, "window": window, "theta": float(theta), "rcond": float(rcond)}

@@ -117,6 +117,10 @@ def _build_parser():
                      help="most assignment steps per initialisation (default: 300)")
     fit.add_argument("--seed", type=int, default=None, metavar="S",
                      help="random seed, for reproducible labels (default: unseeded)")
+    fit.add_argument("--method", choices=("exact", "cats"), default="exact",
+                     help="exact (dense kernel matrix) or cats (sampled centroids, no n x n matrix)")
+    fit.add_argument("--samples-per-cluster", type=int, default=None, metavar="L",
+                     help="cats: points sampled per cluster and iteration (default: ceil(sqrt(n / k)))")
     fit.add_argument("--labels-last-column", action="store_true",
                      help="the last column holds true labels (as in ../shared/data): cluster the other "
                           "columns and report NMI and ARI against it")
@@ -157,7 +161,9 @@ def _run_fit(args):
     result = kkmgpu.fit(
         X, args.k, kernel=args.kernel, gamma=args.gamma, degree=args.degree, coef0=args.coef0,
         device=args.device, dtype=args.dtype, init=args.init, n_init=args.n_init, max_iter=args.max_iter,
-        random_state=args.seed, verbose=args.verbose,
+        random_state=args.seed, verbose=args.verbose, method=args.method,
+        n_samples_per_cluster=args.samples_per_cluster,
+        exact_objective=args.method == "cats" and X.shape[0] <= 50_000,
     )
     labels = np.asarray(result.labels)
     if args.output is not None:
@@ -169,7 +175,12 @@ def _run_fit(args):
         ("kernel", f"{result.kernel} ({params})" if params else result.kernel),
         ("device", f"{result.device}{_device_note(args.device, result.device)}"),
         ("dtype", result.dtype),
-        ("objective", _format_number(result.objective)),
+        ("method", result.method + (f" (l={result.method_params['l']}, stopped: {result.stop_reason})"
+                                    if result.method == "cats" else "")),
+        ("objective", _format_number(result.objective) + (" (approximate distortion)" if result.method == "cats"
+                                                            else "")),
+        *([("exact objective", _format_number(result.exact_objective))]
+          if result.method == "cats" and result.exact_objective is not None else []),
         ("n_iter", str(result.n_iter)),
         ("converged", str(result.converged)),
         ("seconds", f"{result.timings['total']:.3f} (kernel build {result.timings['kernel_build']:.3f}, "

@@ -21,7 +21,8 @@ class KernelKMeans:
     ----------
     labels_ : ndarray of shape (n_samples,)
     inertia_ : float
-        Kernel k-means objective of ``labels_``.
+        Kernel k-means objective of ``labels_`` (for method="cats": the exact objective when
+        ``exact_objective=True``, else CATS's approximate distortion).
     n_iter_ : int
     result_ : KernelKMeansResult
         Everything :func:`kkmgpu.fit` returned (timings, objective history, device, ...).
@@ -38,7 +39,8 @@ class KernelKMeans:
 
     def __init__(self, n_clusters=8, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None,
                  method="exact", device="auto", dtype="float32", init="k-means++", n_init="auto",
-                 max_iter=300, tol=1e-6, random_state=None, verbose=False, update="auto"):
+                 max_iter=300, tol=1e-6, random_state=None, verbose=False, update="auto",
+                 n_samples_per_cluster=None, window=None, theta=None, rcond=None, exact_objective=False):
         self.n_clusters = n_clusters
         self.kernel = kernel
         self.gamma = gamma
@@ -55,6 +57,11 @@ class KernelKMeans:
         self.random_state = random_state
         self.verbose = verbose
         self.update = update
+        self.n_samples_per_cluster = n_samples_per_cluster
+        self.window = window
+        self.theta = theta
+        self.rcond = rcond
+        self.exact_objective = exact_objective
 
     @classmethod
     def _get_param_names(cls):
@@ -94,9 +101,12 @@ class KernelKMeans:
                             coef0=self.coef0, kernel_params=self.kernel_params, method=self.method,
                             device=self.device, dtype=self.dtype, init=self.init, n_init=self.n_init,
                             max_iter=self.max_iter, tol=self.tol, sample_weight=sample_weight,
-                            random_state=self.random_state, verbose=self.verbose, update=self.update)
+                            random_state=self.random_state, verbose=self.verbose, update=self.update,
+                            n_samples_per_cluster=self.n_samples_per_cluster, window=self.window,
+                            theta=self.theta, rcond=self.rcond, exact_objective=self.exact_objective)
         self.labels_ = self.result_.labels
-        self.inertia_ = self.result_.objective
+        self.inertia_ = (self.result_.exact_objective if self.result_.exact_objective is not None
+                         else self.result_.objective)
         self.n_iter_ = self.result_.n_iter
         self.n_features_in_ = X.shape[1] if hasattr(X, "shape") else len(X[0])
         return self

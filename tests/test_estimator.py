@@ -97,6 +97,7 @@ def test_default_params_follow_spec():
         "n_clusters": 8, "kernel": "rbf", "gamma": None, "degree": 3, "coef0": None, "kernel_params": None,
         "method": "exact", "device": "auto", "dtype": "float32", "init": "k-means++", "n_init": "auto",
         "max_iter": 300, "tol": 1e-6, "random_state": None, "verbose": False, "update": "auto",
+        "n_samples_per_cluster": None, "window": None, "theta": None, "rcond": None, "exact_objective": False,
     }
 
 

@@ -1,0 +1,289 @@
+"""CATS: Centroid Approximation Through Sampling (papers/cats-centroid-approximation.txt).
+
+Each iteration samples l points S_c of every cluster and replaces the exact feature-space centroid by
+the best combination of the sampled points, m~_c = sum_{s in S_c} alpha_s phi(x_s), with (Eq. 2)
+
+    alpha_c = M_c^+ L_c w_c / n_c,   M_c = K(S_c, S_c) (l x l),  L_c = K(S_c, C) (l x n_c),
+
+then assigns every point to argmin_c K_ii - 2 sum_s alpha_s K(i, s) + alpha_c^T M_c alpha_c. Only the
+n x (k l) block between all points and the samples is evaluated (in row tiles): memory O(n k l) at most
+(less when the block is recomputed instead of cached), time O(n k l d) per iteration; the n x n kernel
+matrix is never formed. The run stops when the variance of the last ``window`` approximate
+distortions, relative to their squared mean, is <= ``theta`` (the paper's rule), when no point moves,
+or at ``max_iter``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _kernels
+from ._backend import Backend
+from ._lloyd import ConvergenceWarning, kmeans_plus_plus, random_partition, refill_empty_clusters
+
+#: The n x (k l) block is kept between the two passes of an iteration when it takes at most this
+#: fraction of the device's free memory (and CACHE_MAX_BYTES); otherwise it is recomputed.
+CACHE_FRACTION = 0.25
+CACHE_MAX_BYTES = 4 * 2**30
+
+
+def default_samples_per_cluster(n: int, k: int) -> int:
+    """The paper's experimental choice l = ceil(sqrt(n / k))."""
+    return max(1, math.ceil(math.sqrt(n / k)))
+
+
+class KernelSource:
+    """Blocks of the kernel between points and sampled points, from features or a precomputed K.
+
+    ``A`` is prepared features (n, d) and ``spec`` a kernel spec, or, for kernel="precomputed",
+    ``A`` is K itself and blocks are gathered from it.
+    """
+
+    def __init__(self, A, spec, backend: Backend):
+        self.A, self.spec, self.backend = A, spec, backend
+        self.n = A.shape[0]
+        self.precomputed = spec.name == "precomputed"
+
+    @property
+    def itemsize(self):
+        return np.dtype(self.A.dtype).itemsize
+
+    def diagonal(self):
+        if self.precomputed:
+            return self.backend.xp.diagonal(self.A).astype(self.backend.xp.float64)
+        return _kernels.kernel_diagonal(self.A, self.spec, self.backend)
+
+    def take(self, index):
+        """The sampled points ``index`` (device int64) in the form ``block`` and ``square`` use."""
+        return index if self.precomputed else self.A[index]
+
+    def block(self, i0, i1, samples):
+        """K(x_i, s) for i in [i0, i1) and the sampled points ``samples`` (from ``take``)."""
+        if self.precomputed:
+            return self.A[i0:i1][:, samples]
+        return _kernels.kernel_block(self.A[i0:i1], samples, self.spec, self.backend)
+
+    def square(self, samples):
+        """K(s, s') for the sampled points ``samples`` (from ``take``)."""
+        if self.precomputed:
+            return self.A[samples][:, samples]
+        return _kernels.kernel_block(samples, samples, self.spec, self.backend)
+
+
+class _SourceRows:
+    """Kernel rows on demand, for k-means++ seeding without the n x n matrix."""
+
+    def __init__(self, source: KernelSource, weights, diag):
+        self.source, self.weights, self.diag, self.backend = source, weights, diag, source.backend
+        self.n = source.n
+
+    def rows(self, index):
+        idx = self.backend.asarray(np.asarray(index, dtype=np.int64))
+        if self.source.precomputed:
+            block = self.source.A[idx]
+        else:
+            block = _kernels.kernel_block(self.source.A[idx], self.source.A, self.source.spec, self.backend)
+        return self.backend.to_host(block).astype(np.float64)
+
+
+@dataclass
+class CatsState:
+    """The approximate centroids of a CATS partition: what prediction needs."""
+
+    index: np.ndarray      # (k, l) training indices of the sampled points (padding repeats a member)
+    alpha: object          # (k, l) float64 on the device, 0 on padding
+    offsets: np.ndarray    # alpha_c^T M_c alpha_c, (k,) float64
+    nonempty: np.ndarray   # (k,) bool
+
+
+def _project(B, alpha, xp):
+    """T[i, c] = sum_s B[i, c*l + s] alpha[c, s] for a block B (t, k*l)."""
+    t = B.shape[0]
+    k, l = alpha.shape
+    return xp.einsum("tkl,kl->tk", B.reshape(t, k, l).astype(xp.float64), alpha)
+
+
+def _sample(labels_h, weights_h, k, l, rng):
+    """Indices (k, l) of up to l uniformly sampled positive-weight members per cluster, and their mask."""
+    index = np.zeros((k, l), dtype=np.int64)
+    mask = np.zeros((k, l), dtype=bool)
+    order = np.argsort(labels_h, kind="stable")
+    bounds = np.searchsorted(labels_h[order], np.arange(k + 1))
+    for c in range(k):
+        members = order[bounds[c]:bounds[c + 1]]
+        members = members[weights_h[members] > 0]
+        if members.size > l:
+            members = np.sort(rng.choice(members, l, replace=False))
+        index[c, :members.size] = members
+        index[c, members.size:] = members[0] if members.size else 0
+        mask[c, :members.size] = True
+    return index, mask
+
+
+def _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, rcond):
+    """alpha_c = M_c^+ (L_c w_c) / n_c for all clusters at once (batched eigendecomposition of M)."""
+    xp = backend.xp
+    M = xp.stack([source.square(samples[c * l:(c + 1) * l]) for c in range(k)]).astype(xp.float64)
+    M = (M + M.transpose(0, 2, 1)) / 2
+    M *= mask_d[:, :, None] * mask_d[:, None, :]
+    lam, V = xp.linalg.eigh(M)
+    cutoff = rcond * xp.max(xp.abs(lam), axis=1, keepdims=True)
+    inv = xp.where(xp.abs(lam) > cutoff, 1.0 / xp.where(lam == 0, 1.0, lam), 0.0)
+    sizes = backend.asarray(np.where(sizes_h > 0, sizes_h, 1.0))
+    rhs = Lw / sizes[:, None]
+    alpha = xp.einsum("kls,ks->kl", V, inv * xp.einsum("kls,kl->ks", V, rhs)) * mask_d
+    offsets = xp.einsum("kl,klm,km->k", alpha, M, alpha)
+    return alpha, backend.to_host(offsets).astype(np.float64)
+
+
+@dataclass
+class CatsRun:
+    labels: object
+    objective: float          # final approximate distortion
+    history: list             # approximate distortion per iteration
+    n_iter: int
+    converged: bool
+    stop_reason: str
+    sizes: np.ndarray
+    state: CatsState
+    seconds: float
+
+
+def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window, theta, rcond,
+         rng, verbose=False, restart=None, diag=None):
+    """CATS iterations from ``init_labels``; see the module docstring."""
+    backend = source.backend
+    xp = backend.xp
+    t0 = backend.timer()
+    n = source.n
+    weights = backend.asarray(weights_h)
+    if diag is None:
+        diag = source.diagonal()
+    itemsize = source.itemsize
+    block_bytes = n * k * l * itemsize
+    available = backend.available_bytes()
+    cache = block_bytes <= min(CACHE_MAX_BYTES, CACHE_FRACTION * (available or 0)) if available else \
+        block_bytes <= CACHE_MAX_BYTES
+    step = _kernels.tile_rows(k * l, itemsize)
+    labels_h = np.asarray(init_labels, dtype=np.int32).copy()
+    labels = backend.asarray(labels_h)
+    history = []
+    converged, stop_reason = False, "max_iter"
+    prefix = f"[kkmgpu] cats init {restart}: " if restart is not None else "[kkmgpu] cats "
+    state = None
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):
+        sizes_h = np.bincount(labels_h, weights=weights_h, minlength=k)
+        index, mask = _sample(labels_h, weights_h, k, l, rng)
+        samples = source.take(backend.asarray(index.ravel()))
+        mask_d = backend.asarray(mask.astype(np.float64))
+
+        # pass 1: L_c w_c = sum_{i in c} w_i K(S_c, x_i), from row tiles of the n x (k l) block
+        Lw = xp.zeros((k, l), dtype=xp.float64)
+        blocks = []
+        for i0 in range(0, n, step):
+            i1 = min(n, i0 + step)
+            B = source.block(i0, i1, samples)
+            lab = labels[i0:i1]
+            own = B.reshape(i1 - i0, k, l)[xp.arange(i1 - i0), lab].astype(xp.float64)  # (t, l)
+            Y = xp.zeros((i1 - i0, k), dtype=xp.float64)
+            Y[xp.arange(i1 - i0), lab] = weights[i0:i1]
+            Lw += Y.T @ own
+            if cache:
+                blocks.append(B)
+        alpha, offsets = _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, rcond)
+
+        # pass 2: assign every point to the nearest approximate centroid
+        T = xp.empty((n, k), dtype=xp.float64)
+        for b, i0 in enumerate(range(0, n, step)):
+            i1 = min(n, i0 + step)
+            B = blocks[b] if cache else source.block(i0, i1, samples)
+            T[i0:i1] = _project(B, alpha, xp)
+        del blocks
+        nonempty = sizes_h > 0
+        new_labels, min_dist, n_changed = backend.ops.assign_labels(
+            T, diag, nonempty.astype(np.float64), offsets, labels)
+        new_h = backend.to_host(new_labels).astype(np.int32)
+        if np.bincount(new_h[weights_h > 0], minlength=k).min() == 0:
+            dist_h = backend.to_host(min_dist)
+            refill_empty_clusters(new_h, dist_h, weights_h, k)
+            new_labels = backend.asarray(new_h)
+            min_dist = backend.asarray(dist_h)
+            n_changed = int((new_h != labels_h).sum())
+        distortion = float((weights * min_dist).sum())
+        history.append(distortion)
+        state = CatsState(index=index, alpha=alpha, offsets=offsets, nonempty=nonempty)
+        labels, labels_h = new_labels, new_h
+        if verbose:
+            print(f"{prefix}iteration {n_iter}: approximate distortion {distortion:.10g}, {n_changed} points moved")
+        if n_changed == 0:
+            converged, stop_reason = True, "no point moved"
+            break
+        if len(history) >= window:
+            last = np.asarray(history[-window:])
+            if last.var() <= theta * last.mean() ** 2:
+                converged, stop_reason = True, f"variance of the last {window} distortions <= theta"
+                break
+    if verbose:
+        print(f"{prefix}stopped after {n_iter} iterations: {stop_reason}")
+    return CatsRun(labels=labels, objective=history[-1], history=history, n_iter=n_iter, converged=converged,
+                   stop_reason=stop_reason, sizes=np.bincount(labels_h, weights=weights_h, minlength=k),
+                   state=state, seconds=backend.timer() - t0)
+
+
+def exact_objective(source: KernelSource, labels_h, weights_h, k, diag=None, tile=2048):
+    """sum_i w_i ||phi(x_i) - m_{label_i}||^2 with exact centroids, in tiles (O(sum_c n_c^2 d) time)."""
+    backend = source.backend
+    xp = backend.xp
+    if diag is None:
+        diag = source.diagonal()
+    total = float((backend.asarray(weights_h) * diag).sum())
+    for c in range(k):
+        members = np.flatnonzero(labels_h == c)
+        w = weights_h[members]
+        if members.size == 0 or w.sum() <= 0:
+            continue
+        idx = backend.asarray(members.astype(np.int64))
+        wd = backend.asarray(w)
+        within = 0.0
+        for i0 in range(0, members.size, tile):
+            rows = idx[i0:i0 + tile]
+            if source.precomputed:
+                block = source.A[rows][:, idx]
+            else:
+                block = _kernels.kernel_block(source.A[rows], source.A[idx], source.spec, backend)
+            within += float(wd[i0:i0 + tile] @ (block.astype(xp.float64) @ wd))
+        total -= within / w.sum()
+    return total
+
+
+def run_restarts(source: KernelSource, weights_h, k, *, init, n_init, max_iter, window, theta, rcond, l, rng,
+                 verbose):
+    """CATS from n_init initialisations; the lowest final approximate distortion wins."""
+    backend = source.backend
+    diag = source.diagonal()
+    best, runs, init_seconds = None, [], 0.0
+    for r in range(n_init):
+        t0 = time.perf_counter()
+        if isinstance(init, str):
+            if init == "random":
+                labels0 = random_partition(source.n, k, rng)
+            else:
+                labels0 = kmeans_plus_plus(_SourceRows(source, backend.asarray(weights_h), diag), k, rng)
+        else:
+            labels0 = np.asarray(init, dtype=np.int32)
+        init_seconds += time.perf_counter() - t0
+        run = cats(source, weights_h, k, labels0, l=l, max_iter=max_iter, window=window, theta=theta,
+                   rcond=rcond, rng=rng, verbose=verbose, restart=r if n_init > 1 else None, diag=diag)
+        runs.append(run)
+        if best is None or run.objective < best.objective:
+            best = run
+    if not best.converged:
+        warnings.warn(f"CATS did not meet its stopping rule in max_iter={max_iter} iterations; increase "
+                      "max_iter or theta.", ConvergenceWarning, stacklevel=3)
+    return best, runs, init_seconds, diag
