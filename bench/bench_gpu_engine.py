@@ -225,7 +225,7 @@ def _skip_unless_usable(engine: Engine, n: int) -> None:
         if reason is not None:
             pytest.skip(f"{engine.name} needs a usable GPU: {reason}")
     elif n > CPU_MAX_N:
-        pytest.skip(f"{engine.name} at n={n}: K would take {n * n * 4 / 1e9:.1f} GB (float32); the CPU runs "
+        pytest.skip(f"{engine.name} at n={n}: K would take {n * n * 4 / 1e9:.3g} GB (float32); the CPU runs "
                     f"n <= {ENV_CPU_MAX_N}={CPU_MAX_N}")
 
 
