@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _kernels
 from ._backend import Backend
-from ._lloyd import ConvergenceWarning, kmeans_plus_plus, random_partition, refill_empty_clusters
+from ._lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
 
 #: The n x (k l) block is kept between the two passes of an iteration when it takes at most this
 #: fraction of the device's free memory (and CACHE_MAX_BYTES); otherwise it is recomputed.
@@ -270,13 +270,7 @@ def run_restarts(source: KernelSource, weights_h, k, *, init, n_init, max_iter, 
     best, runs, init_seconds = None, [], 0.0
     for r in range(n_init):
         t0 = time.perf_counter()
-        if isinstance(init, str):
-            if init == "random":
-                labels0 = random_partition(source.n, k, rng)
-            else:
-                labels0 = kmeans_plus_plus(_SourceRows(source, backend.asarray(weights_h), diag), k, rng)
-        else:
-            labels0 = np.asarray(init, dtype=np.int32)
+        labels0 = initial_labels(init, source.n, k, rng, _SourceRows(source, backend.asarray(weights_h), diag))
         init_seconds += time.perf_counter() - t0
         run = cats(source, weights_h, k, labels0, l=l, max_iter=max_iter, window=window, theta=theta,
                    rcond=rcond, rng=rng, verbose=verbose, restart=r if n_init > 1 else None, diag=diag)

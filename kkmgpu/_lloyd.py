@@ -275,6 +275,18 @@ def kmeans_plus_plus(operator, k, rng: np.random.Generator, n_local_trials=None)
     return labels
 
 
+def initial_labels(init, n, k, rng, seeding_rows):
+    """Labels to start from: a random partition, k-means++ seeds, or the given labels.
+
+    ``seeding_rows`` is the operator k-means++ reads kernel rows from (``.rows``, ``.diag``, ...).
+    """
+    if isinstance(init, str):
+        if init == "random":
+            return random_partition(n, k, rng)
+        return kmeans_plus_plus(seeding_rows, k, rng)
+    return np.asarray(init, dtype=np.int32)
+
+
 def run_restarts(operator, k, *, init, n_init, max_iter, tol, rng, verbose, update="auto"):
     """Run Lloyd from ``n_init`` initialisations; keep the lowest objective. Returns (best, seconds list)."""
     best = None
@@ -282,13 +294,7 @@ def run_restarts(operator, k, *, init, n_init, max_iter, tol, rng, verbose, upda
     runs = []
     for r in range(n_init):
         t0 = time.perf_counter()
-        if isinstance(init, str):
-            if init == "random":
-                labels0 = random_partition(operator.n, k, rng)
-            else:
-                labels0 = kmeans_plus_plus(operator, k, rng)
-        else:
-            labels0 = np.asarray(init, dtype=np.int32)
+        labels0 = initial_labels(init, operator.n, k, rng, operator)
         init_seconds += time.perf_counter() - t0
         run = lloyd(operator, labels0, k, max_iter=max_iter, tol=tol, verbose=verbose, update=update,
                     restart=r if n_init > 1 else None)
