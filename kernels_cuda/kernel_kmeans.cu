@@ -24,28 +24,29 @@ __device__ __forceinline__ double kkm_kernel_value(double g, double a, double b,
 }
 
 // In place over a row-major block (m x n) of inner products: block[i, j] <- kappa(x_i, y_j).
+// Blocks stride over rows and threads over the columns of a row (coalesced, no index division).
 template <typename T>
 __global__ void kernel_epilogue(T* __restrict__ block, const T* __restrict__ row_sq,
                                 const T* __restrict__ col_sq, long long m, long long n,
                                 int kind, double gamma, double coef0, int degree)
 {
-    const long long total = m * n;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-        const long long i = idx / n;
-        const long long j = idx - i * n;
-        block[idx] = (T)kkm_kernel_value<T>((double)block[idx], (double)row_sq[i], (double)col_sq[j],
-                                            kind, gamma, coef0, degree);
+    for (long long i = blockIdx.x; i < m; i += gridDim.x) {
+        const double a = (double)row_sq[i];
+        T* row = block + i * n;
+        for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+            row[j] = (T)kkm_kernel_value<T>((double)row[j], a, (double)col_sq[j], kind, gamma, coef0, degree);
+        }
     }
 }
 
 // Fused distance + argmin + "did it move" (papers' Eq. 4):
 // dist(i, c) = K_ii - 2 S[i, c] inv_size[c] + offset[c], clusters with inv_size[c] < 0 are empty.
+// stats[0] counts the points that moved, stats[1 + c] the points now in cluster c (zeroed by the caller).
 template <typename T>
 __global__ void assign_labels(const double* __restrict__ S, const T* __restrict__ diag,
                               const double* __restrict__ inv_size, const double* __restrict__ offset,
                               const int* __restrict__ labels, int* __restrict__ new_labels,
-                              double* __restrict__ min_dist, unsigned long long* __restrict__ n_changed,
+                              double* __restrict__ min_dist, unsigned long long* __restrict__ stats,
                               long long n, int k)
 {
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -62,7 +63,8 @@ __global__ void assign_labels(const double* __restrict__ S, const T* __restrict_
         if (best < 0) best = labels[i];
         new_labels[i] = best;
         min_dist[i] = best_d;
-        if (best != labels[i]) atomicAdd(n_changed, 1ULL);
+        if (best != labels[i]) atomicAdd(&stats[0], 1ULL);
+        atomicAdd(&stats[1 + best], 1ULL);
     }
 }
 

@@ -28,6 +28,7 @@ __all__ = [
     "check_fits",
     "cuda_unavailable_reason",
     "import_cupy",
+    "import_cupyx",
     "is_cupy_array",
     "resolve_device",
 ]
@@ -51,6 +52,11 @@ class InsufficientMemoryError(MemoryError):
 def import_cupy():
     """Import and return CuPy (the only place in kkmgpu that does)."""
     return importlib.import_module("cupy")
+
+
+def import_cupyx():
+    """Import and return cupyx (CuPy's extension namespace), also only here."""
+    return importlib.import_module("cupyx")
 
 
 def is_cupy_array(x) -> bool:

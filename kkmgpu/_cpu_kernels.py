@@ -15,6 +15,8 @@ block_cluster_sums(B, labels, weights, k)
 assign_labels(S, diag, sizes, within, labels)
     Fused distance + argmin + "did it move": new labels, distance to the chosen centre,
     number of points that changed cluster.
+cluster_totals(labels, weights, own, k)
+    Weighted cluster sizes and within-cluster totals, on the host.
 offgrid_step(K, Kp, divide)
     In place Kp <- sqrt(Kp); K <- K / Kp or K * Kp (Off-the-grid, Algorithm 2).
 """
@@ -30,7 +32,8 @@ from numba.extending import overload
 
 from ._kernels import EPILOGUE_CODES
 
-__all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "offgrid_step"]
+__all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "cluster_totals",
+           "offgrid_step"]
 
 _RBF = EPILOGUE_CODES["rbf"]
 _POLY = EPILOGUE_CODES["polynomial"]
@@ -247,7 +250,13 @@ def _assign(S, diag, inv_size, offset, labels, new_labels, min_dist):
     return changed
 
 
-def assign_labels(S, diag, sizes, within, labels):
+def cluster_totals(labels, weights, own, k):
+    """Weighted sizes n_c = sum_{i in c} w_i and totals C_c = sum_{i in c} w_i own_i, as host float64 (k,)."""
+    return (np.bincount(labels, weights=weights, minlength=k).astype(np.float64),
+            np.bincount(labels, weights=weights * own, minlength=k).astype(np.float64))
+
+
+def assign_labels(S, diag, sizes, within, labels, counts=None):
     """Fused distance + argmin + moved count.
 
     Parameters
@@ -260,6 +269,8 @@ def assign_labels(S, diag, sizes, within, labels):
         Weighted sizes n_c and within-cluster totals C_c; clusters with n_c == 0 are skipped.
     labels : int32 array of shape (n,)
         Current labels.
+    counts : int64 host array of shape (k,), optional
+        Filled with the number of points per new label.
 
     Returns
     -------
@@ -274,6 +285,8 @@ def assign_labels(S, diag, sizes, within, labels):
     new_labels = np.empty(S.shape[0], dtype=np.int32)
     min_dist = np.empty(S.shape[0], dtype=np.float64)
     changed = _assign(S, np.asarray(diag, dtype=np.float64), inv, offset, labels, new_labels, min_dist)
+    if counts is not None:
+        counts[:] = np.bincount(new_labels, minlength=counts.shape[0])
     return new_labels, min_dist, int(changed)
 
 

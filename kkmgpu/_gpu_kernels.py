@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ._backend import import_cupy
+from ._backend import import_cupy, import_cupyx
 
-__all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "offgrid_step",
+__all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "cluster_totals", "offgrid_step",
            "cuda_source", "indicator_cluster_sums"]
 
 _SOURCE_NAME = "kernel_kmeans.cu"
@@ -72,7 +72,7 @@ def kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree):
     row_sq = cp.ascontiguousarray(row_sq, dtype=block.dtype)
     col_sq = cp.ascontiguousarray(col_sq, dtype=block.dtype)
     _function("kernel_epilogue", block.dtype)(
-        _grid(m * n), (_THREADS,),
+        (int(min(m, 65535 * 8)),), (_THREADS,),
         (block, row_sq, col_sq, np.int64(m), np.int64(n), np.int32(kind),
          np.float64(gamma), np.float64(coef0), np.int32(degree)))
     return block
@@ -136,8 +136,22 @@ def block_cluster_sums(B, labels, weights, k):
     return (B @ Y).astype(np.float64, copy=False)
 
 
-def assign_labels(S, diag, sizes, within, labels):
-    """Fused distance + argmin + moved count; see :func:`kkmgpu._cpu_kernels.assign_labels`."""
+def cluster_totals(labels, weights, own, k):
+    """Weighted sizes and within-cluster totals, as host float64 (k,): scatter-adds, one transfer."""
+    cp = import_cupy()
+    out = cp.zeros((2, k), dtype=cp.float64)
+    add = import_cupyx().scatter_add  # no host synchronisation (cupy.bincount has two)
+    add(out[0], labels, weights)
+    add(out[1], labels, weights * own)
+    out = out.get()
+    return out[0], out[1]
+
+
+def assign_labels(S, diag, sizes, within, labels, counts=None):
+    """Fused distance + argmin + moved count; see :func:`kkmgpu._cpu_kernels.assign_labels`.
+
+    The moved count and the per-cluster counts come back in one transfer.
+    """
     cp = import_cupy()
     n, k = S.shape
     sizes = cp.asarray(sizes, dtype=cp.float64)
@@ -152,9 +166,12 @@ def assign_labels(S, diag, sizes, within, labels):
     labels = cp.ascontiguousarray(labels, dtype=cp.int32)
     new_labels = cp.empty(n, dtype=cp.int32)
     min_dist = cp.empty(n, dtype=cp.float64)
-    changed = cp.zeros(1, dtype=cp.uint64)
+    stats = cp.zeros(1 + k, dtype=cp.uint64)  # [moved, count of cluster 0, ..., count of cluster k-1]
     if n:
         _function("assign_labels", diag.dtype)(
             _grid(n), (_THREADS,),
-            (S, diag, inv, offset, labels, new_labels, min_dist, changed, np.int64(n), np.int32(k)))
-    return new_labels, min_dist, int(changed.get()[0])
+            (S, diag, inv, offset, labels, new_labels, min_dist, stats, np.int64(n), np.int32(k)))
+    stats = stats.get()
+    if counts is not None:
+        counts[:] = stats[1:]
+    return new_labels, min_dist, int(stats[0])

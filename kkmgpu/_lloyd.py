@@ -42,6 +42,7 @@ class DenseKernelOperator:
         self.backend = backend
         self.n = K.shape[0]
         self.diag = backend.xp.diagonal(K).astype(backend.xp.float64)
+        self.total_diag = float((weights * self.diag).sum())  # sum_i w_i K_ii, the same every iteration
 
     def rows(self, index):
         """K[index, :] as a float64 host array (for k-means++ seeding)."""
@@ -85,15 +86,10 @@ class LloydRun:
 
 def _totals(operator, S, labels, k, xp):
     """Weighted sizes n_c, within-cluster totals C_c and the objective of ``labels`` from S."""
-    w = operator.weights
-    sizes = xp.bincount(labels, weights=w, minlength=k)
     own = xp.take_along_axis(S, labels[:, None].astype(xp.int64), axis=1)[:, 0]
-    within = xp.bincount(labels, weights=w * own, minlength=k)
-    sizes_h = operator.backend.to_host(sizes).astype(np.float64)
-    within_h = operator.backend.to_host(within).astype(np.float64)
+    sizes_h, within_h = operator.backend.ops.cluster_totals(labels, operator.weights, own, k)
     nonempty = sizes_h > 0
-    total_diag = float((w * operator.diag).sum())
-    objective = total_diag - float(np.sum(within_h[nonempty] / sizes_h[nonempty]))
+    objective = operator.total_diag - float(np.sum(within_h[nonempty] / sizes_h[nonempty]))
     return sizes_h, within_h, objective
 
 
@@ -176,6 +172,8 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
     xp = backend.xp
     t0 = backend.timer()
     weights_h = backend.to_host(operator.weights)
+    has_zero_weights = bool((weights_h == 0).any())
+    counts = np.empty(k, dtype=np.int64)
     labels = backend.asarray(init_labels, dtype=np.int32)
     S, sizes, within, objective = _update(operator, labels, k, xp)
     history = [objective]
@@ -187,8 +185,9 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
     if verbose:
         print(f"{prefix}iteration 0: objective {objective:.10g}")
     for n_iter in range(1, max_iter + 1):
-        new_labels, min_dist, n_changed = backend.ops.assign_labels(S, operator.diag, sizes, within, labels)
-        if xp.bincount(new_labels, minlength=k).min() == 0 or (weights_h == 0).any():
+        new_labels, min_dist, n_changed = backend.ops.assign_labels(S, operator.diag, sizes, within, labels,
+                                                                    counts=counts)
+        if counts.min() == 0 or has_zero_weights:
             labels_h = backend.to_host(new_labels).astype(np.int32)
             if np.bincount(labels_h[weights_h > 0], minlength=k).min() == 0:
                 dist_h = backend.to_host(min_dist)

@@ -85,24 +85,37 @@ def check_data(X, backend: Backend, *, name="X", square=False):
 
 
 def all_finite(X, xp, block_bytes=2**26) -> bool:
-    """True if every entry of the 2-D array X is finite (checked in row blocks to bound memory)."""
+    """True if every entry of the 2-D array X is finite (row blocks bound the memory; one host sync)."""
     step = max(1, block_bytes // max(1, X.shape[1] * X.dtype.itemsize))
-    return all(bool(xp.isfinite(X[i:i + step]).all()) for i in range(0, X.shape[0], step))
+    bad = 0
+    for i in range(0, X.shape[0], step):
+        bad = bad + (~xp.isfinite(X[i:i + step])).sum()
+    return int(bad) == 0
 
 
-def check_symmetric(K, backend: Backend, rtol=None, block=1024):
-    """Raise ValueError unless K equals K.T within a tolerance for its dtype (checked in tiles)."""
+def check_symmetric(K, backend: Backend, rtol=None, block=None):
+    """Raise ValueError unless K equals K.T within a tolerance for its dtype.
+
+    Compares the tiles above the diagonal with the transposed tiles below it, so no n x n temporary
+    is made; the maxima stay on the device until one host synchronisation per tile row.
+    """
     xp = backend.xp
     if rtol is None:
         rtol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(np.dtype(K.dtype), 1e-10)
+    if block is None:
+        block = 8192 if backend.is_gpu else 1024  # cache-sized tiles on the CPU, few launches on a GPU
     n = K.shape[0]
-    scale = max(float(xp.abs(K[i:i + block]).max()) for i in range(0, n, block)) or 1.0
-    diff = 0.0
+    scale = 0.0
+    for i in range(0, n, block):
+        scale = xp.maximum(scale, xp.abs(K[i:i + block]).max())
+    scale = float(scale) or 1.0
     for i0 in range(0, n, block):
         i1 = min(n, i0 + block)
+        diff = 0.0
         for j0 in range(i0, n, block):
             j1 = min(n, j0 + block)
-            diff = max(diff, float(xp.abs(K[i0:i1, j0:j1] - K[j0:j1, i0:i1].T).max()))
+            diff = xp.maximum(diff, xp.abs(K[i0:i1, j0:j1] - K[j0:j1, i0:i1].T).max())
+        diff = float(diff)
         if diff > rtol * scale:
             raise ValueError(f"X is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
                              f"{rtol:g} * max|K|); kernel k-means needs a symmetric kernel.")
