@@ -222,6 +222,25 @@ def test_build_in_tiles_equals_one_block():
     np.testing.assert_allclose(whole, np.exp(-spec.gamma * d2), rtol=1e-12, atol=1e-13)
 
 
+def test_large_symmetric_cpu_build_uses_row_tiles(monkeypatch):
+    # OpenBLAS's syrk crashes at n = 40k; above _CPU_SYRK_MAX_ROWS the symmetric CPU build must
+    # take the tiled GEMM path and still give the same matrix (small limit here to exercise it).
+    rng = np.random.default_rng(12)
+    X = rng.normal(size=(77, 5))
+    be = Backend("cpu")
+    spec = _kernels.with_center(_kernels.resolve_kernel("laplacian", X=X), X, np)
+    A = _kernels.prepare_features(X, spec, be, np.float64)
+    calls = []
+    real_block = _kernels.kernel_block
+    monkeypatch.setattr(_kernels, "kernel_block", lambda *a, **kw: calls.append(1) or real_block(*a, **kw))
+    monkeypatch.setattr(_kernels, "_CPU_SYRK_MAX_ROWS", 30)
+    K = _kernels.build_kernel_matrix(A, A, spec, be)
+    assert len(calls) >= 1  # went through the tiles
+    d = np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1))
+    np.testing.assert_allclose(K, np.exp(-spec.gamma * d), rtol=1e-12, atol=1e-7)
+    np.testing.assert_array_equal(np.diag(K), 1.0)
+
+
 def test_cuda_sources_are_found_and_declare_the_twins():
     from kkmgpu._gpu_kernels import cuda_source  # importable without CuPy
 
