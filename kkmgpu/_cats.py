@@ -125,11 +125,28 @@ def _sample(labels_h, weights_h, k, l, rng):
     return index, mask
 
 
-def _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, rcond):
+#: M_c for all clusters come from one (k l) x (k l) kernel block when it takes at most this many bytes
+#: (one GEMM and one epilogue instead of k small ones, whose fixed cost dominates on the CPU).
+ONE_SQUARE_MAX_BYTES = 256 * 2**20
+
+
+def _sample_squares(source, samples, backend, k, l):
+    """M (k, l, l) float64: M[c] = K(S_c, S_c)."""
+    xp = backend.xp
+    if (k * l) ** 2 * 8 <= ONE_SQUARE_MAX_BYTES:
+        Q = source.square(samples).astype(xp.float64).reshape(k, l, k, l)
+        c = xp.arange(k)
+        return Q[c, :, c, :]  # the k diagonal blocks
+    return xp.stack([source.square(samples[c * l:(c + 1) * l]) for c in range(k)]).astype(xp.float64)
+
+
+def _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, rcond, diag_s):
     """alpha_c = M_c^+ (L_c w_c) / n_c for all clusters at once (batched eigendecomposition of M)."""
     xp = backend.xp
-    M = xp.stack([source.square(samples[c * l:(c + 1) * l]) for c in range(k)]).astype(xp.float64)
+    M = _sample_squares(source, samples, backend, k, l)
     M = (M + M.transpose(0, 2, 1)) / 2
+    j = xp.arange(l)
+    M[:, j, j] = diag_s.reshape(k, l)  # k(s, s) exactly (the GEMM form leaves rounding there)
     M *= mask_d[:, :, None] * mask_d[:, None, :]
     lam, V = xp.linalg.eigh(M)
     cutoff = rcond * xp.max(xp.abs(lam), axis=1, keepdims=True)
@@ -180,7 +197,8 @@ def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window
     for n_iter in range(1, max_iter + 1):
         sizes_h = np.bincount(labels_h, weights=weights_h, minlength=k)
         index, mask = _sample(labels_h, weights_h, k, l, rng)
-        samples = source.take(backend.asarray(index.ravel()))
+        index_d = backend.asarray(index.ravel())
+        samples = source.take(index_d)
         mask_d = backend.asarray(mask.astype(np.float64))
 
         # pass 1: L_c w_c = sum_{i in c} w_i K(S_c, x_i), from row tiles of the n x (k l) block
@@ -196,7 +214,8 @@ def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window
             Lw += Y.T @ own
             if cache:
                 blocks.append(B)
-        alpha, offsets = _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, rcond)
+        alpha, offsets = _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, rcond,
+                                                diag[index_d])
 
         # pass 2: assign every point to the nearest approximate centroid
         T = xp.empty((n, k), dtype=xp.float64)

@@ -522,7 +522,9 @@ def test_recomputed_and_tiled_blocks_give_the_same_run(monkeypatch, device):
     recomputed = quiet_fit(X, 4, **kwargs)
     monkeypatch.setattr(_cats._kernels, "tile_rows", lambda n_cols, itemsize, tile_bytes=None: 37)
     tiled = quiet_fit(X, 4, **kwargs)
-    for other in (recomputed, tiled):
+    monkeypatch.setattr(_cats, "ONE_SQUARE_MAX_BYTES", 0)  # M_c one cluster at a time, not one (kl)^2 block
+    per_cluster = quiet_fit(X, 4, **kwargs)
+    for other in (recomputed, tiled, per_cluster):
         np.testing.assert_array_equal(host(other.labels), host(cached.labels))
         np.testing.assert_allclose(other.objective_history, cached.objective_history, rtol=1e-12)
 
