@@ -8,9 +8,13 @@
 from . import datasets, metrics
 from ._api import fit, kernel_matrix, predict
 from ._backend import DeviceUnavailableError, InsufficientMemoryError, cuda_unavailable_reason
+from .bandwidth import (BandwidthClustering, BandwidthSearchResult, CriticalBandwidth, bandwidth_lower_bound,
+                        binary_search_critical_bandwidth, critical_bandwidth, fast_power, search_bandwidth,
+                        search_grid, search_mknn, search_polynomial_degree)
 from ._lloyd import ConvergenceWarning
 from ._result import KernelKMeansResult
 from .estimator import KernelKMeans
+from .trimming import TrimmedKernel, trim_kernel_matrix
 
 __version__ = "0.1.0"
 
@@ -26,5 +30,18 @@ __all__ = [
     "kernel_matrix",
     "metrics",
     "predict",
+    "TrimmedKernel",
+    "trim_kernel_matrix",
+    "BandwidthClustering",
+    "BandwidthSearchResult",
+    "CriticalBandwidth",
+    "bandwidth_lower_bound",
+    "binary_search_critical_bandwidth",
+    "critical_bandwidth",
+    "fast_power",
+    "search_bandwidth",
+    "search_grid",
+    "search_mknn",
+    "search_polynomial_degree",
     "__version__",
 ]

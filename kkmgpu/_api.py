@@ -7,9 +7,10 @@ import time
 import numpy as np
 
 from . import _kernels, _validation
-from ._backend import resolve_device
-from . import _cats
+from ._backend import gemm_precision, resolve_device
+from . import _cats, _eigen, _sparse, trimming
 from ._lloyd import DenseKernelOperator, run_restarts
+from ._tiled import TiledKernelOperator, choose_engine
 from ._result import KernelKMeansResult
 
 __all__ = ["fit", "predict", "kernel_matrix"]
@@ -71,7 +72,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         device="auto", dtype="float32", init="k-means++", n_init="auto", max_iter=300, tol=1e-6,
         sample_weight=None, random_state=None, verbose=False, keep_on_device=False,
         update="auto", n_samples_per_cluster=None, window=None, theta=None, rcond=None,
-        exact_objective=False) -> KernelKMeansResult:
+        exact_objective=False, n_components=None, engine="auto", tf32=False, trim_vote_fraction=None,
+        trim_slack=None, trim_h=None, trim_max_size=None) -> KernelKMeansResult:
     """Cluster the rows of X into k clusters with kernel k-means.
 
     Lloyd iterations on the kernel matrix (papers' Eq. 3-4): every point moves to the cluster whose
@@ -87,20 +89,33 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         "rbf", "polynomial", "sigmoid" (the papers' "neural" kernel), "linear", "laplacian",
         "precomputed", or a callable ``f(A, B, **kernel_params)`` returning the (len(A), len(B))
         block. See :mod:`kkmgpu._kernels` for formulas and defaults.
-    gamma : float or {"scale", "auto"}, optional
+    gamma : float or {"scale", "auto", "search"}, optional
         Kernel coefficient. Default "scale" = 1 / (n_features * X.var()) for rbf and laplacian,
         "auto" = 1 / n_features for polynomial and sigmoid. The Off-the-grid paper's sigma is 1 / gamma.
+        "search" (rbf, method="exact"): :func:`kkmgpu.search_bandwidth` with this call's k, init,
+        random_state, sample_weight, max_iter, tol, device and dtype picks the clustering of lowest
+        c-NNC; the fit then runs at its gamma from its labels, and the search result is in
+        ``result.method_params["bandwidth_search"]`` (n_init is not used: one initial partition).
     degree : int, default=3
         Degree of the polynomial kernel.
     coef0 : float, optional
         Constant of the polynomial and sigmoid kernels (default 1).
     kernel_params : dict, optional
         Keyword arguments of a callable kernel.
-    method : {"exact", "cats"}, default="exact"
+    method : {"exact", "cats", "eigen"}, default="exact"
         "exact" holds the dense n x n kernel matrix on the device. "cats" (Centroid Approximation
         Through Sampling, papers/cats-centroid-approximation.txt) approximates each centroid by the
         best combination of ``n_samples_per_cluster`` sampled members and never forms the n x n
-        matrix: O(n k l d) time and at most O(n k l) memory per iteration.
+        matrix: O(n k l d) time and at most O(n k l) memory per iteration. "eigen"
+        (papers/kernel-kmeans-trace-objective-eigendecomposition.txt, Algorithm 16) decomposes
+        K = V Lambda V^T on the device and runs Lloyd k-means on A = V Lambda^(1/2) (A A^T = K),
+        negative eigenvalues clipped to 0 and reported in ``result.method_params``. "trimmed"
+        (papers/kernel-matrix-trimming.txt, Section 3) builds K, trims every row below the size of its
+        cluster estimated by voting (:func:`kkmgpu.trim_kernel_matrix`), frees K and iterates on the sparse
+        K* = max(K_hat, K_hat^T) in O(nnz) per iteration (the voting counts every point once;
+        ``sample_weight`` weights the iterations); ``result.method_params`` records the estimated
+        number of clusters, their sizes and the density nnz / n^2. A sparse X with kernel="precomputed"
+        (scipy.sparse or cupyx.scipy.sparse) is clustered as given, in O(nnz) per iteration.
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
         "auto" takes the GPU when CuPy and a device are usable, else the CPU.
         ``KKMGPU_DEVICE=cpu`` in the environment forces the CPU.
@@ -132,6 +147,18 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         adds K[:, moved] dY for the m points that moved (reads 2m of the n rows); "auto" takes
         whichever reads fewer bytes. Labels are the same either way; S is recomputed in full at
         least every 16 steps.
+    engine : {"auto", "dense", "tiled"}, default="auto"
+        method="exact": "dense" builds and keeps the n x n kernel matrix (raises
+        InsufficientMemoryError when it does not fit); "tiled" never forms it and recomputes kernel
+        tiles from X every iteration (a GEMM tile, the kernel epilogue and the per-cluster sums fused;
+        the incremental update recomputes only the n x m tiles of the m points that moved):
+        O(n d + n k) memory, 2 n^2 d flops per full pass, the same labels as "dense" from the same
+        initial labels up to rounding. "auto" is "dense" when K fits the device's free memory, else
+        "tiled" with a UserWarning. The tiled engine computes in float32 for dtype="float16".
+    tf32 : bool, default=False
+        Run the float32 GEMMs (tiled tiles, the dense build) on TF32 tensor cores (NVIDIA Ampere or
+        newer): inputs rounded to 10 mantissa bits, kernel values to about 1e-3 relative; see the
+        README for the measured effect on labels. A no-op with a warning on the CPU.
 
     n_samples_per_cluster : int, optional
         CATS: the l points sampled (uniformly, seeded) from each cluster per iteration; clusters with
@@ -145,6 +172,16 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     exact_objective : bool, default=False
         CATS: also compute the exact kernel k-means objective of the final labels (in tiles, time
         O(sum_c n_c^2 d), no n x n matrix) into ``result.exact_objective``.
+    n_components : int, optional
+        method="eigen": the number r of largest eigenpairs of K to embed with, 1 <= r <= n_samples.
+        Default: all n (the exact route) for n <= 4096; above that the top max(128, 8 k), found
+        by LAPACK's MRRR solver on the CPU or Lanczos (cupyx eigsh) on a GPU. Lloyd then costs
+        O(n r k) per iteration; ``result.exact_objective`` is the objective of the labels on K.
+    trim_vote_fraction, trim_slack, trim_h, trim_max_size : float, float, int, float, optional
+        method="trimmed": each row votes with the top ``trim_vote_fraction`` (default 0.1) of its sorted
+        values' derivative, taken with steps 1..``trim_h`` (default 3), for sizes up to ``trim_max_size`` n
+        (default 0.5; 1 is the paper as written), and keeps its w_i + ceil(``trim_slack`` n) (default 0.01 n)
+        largest values. See :func:`kkmgpu.trim_kernel_matrix`.
 
     Returns
     -------
@@ -167,6 +204,11 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     >>> float(kkmgpu.metrics.nmi(y, result.labels))
     1.0
     """
+    if isinstance(gamma, str) and gamma == "search":  # the Off-the-grid search, then this fit at the best gamma
+        call = {name: value for name, value in locals().items() if name not in ("X", "k", "gamma")}
+        from .bandwidth import fit_with_search
+
+        return fit_with_search(X, k, fit_kwargs=call)
     t_start = time.perf_counter()
     dt = _validation.check_dtype(dtype)
     max_iter, tol, n_init = _validation.check_params(method=method, max_iter=max_iter, tol=tol,
@@ -189,7 +231,21 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         cats_params = _validation.check_cats_params(
             method, n_samples_per_cluster=n_samples_per_cluster, window=window, theta=theta, rcond=rcond,
             exact_objective=exact_objective, n=n, k=k, dtype=dt)
+        engine = _validation.check_engine(engine, tf32, method=method, precomputed=precomputed, backend=backend,
+                                          dtype=dt)
+        n_components = _validation.check_eigen_params(method, n_components=n_components, n=n, dtype=dt)
+        trim_params = _validation.check_trim_params(method, vote_fraction=trim_vote_fraction, slack=trim_slack,
+                                                    h=trim_h, max_size=trim_max_size)
         t_valid = backend.timer()
+        if method == "trimmed" or _sparse.is_sparse(X):
+            return trimming._fit_sparse(X, k, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
+                                        method=method, weights_h=weights_h, init=init, n_init=n_init,
+                                        max_iter=max_iter, tol=tol, rng=rng, verbose=verbose,
+                                        keep_on_device=keep_on_device, update=update, params=trim_params,
+                                        t_start=t_start, t_valid=t_valid)
+        if method == "eigen":
+            return _fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, tol, rng,
+                              verbose, keep_on_device, n_components, t_start, t_valid)
         if method == "cats":
             return _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, rng,
                              verbose, keep_on_device, cats_params, exact_objective, t_start, t_valid)
@@ -201,11 +257,21 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
             K = backend.asarray(X, dtype=dt)
         else:
             features = _kernels.prepare_features(X, spec, backend, _validation.compute_dtype(dt))
-            K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose, storage=dt)
+            engine = "dense" if precomputed else choose_engine(engine, n, dt, backend)
+            if engine == "dense":
+                with gemm_precision(backend, tf32):
+                    K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose,
+                                                     storage=dt)
+            elif verbose:
+                print(f"[kkmgpu] tiled engine: {n} x {n} {spec.name} kernel recomputed in tiles from "
+                      f"{features.shape[1]} features each iteration (no kernel matrix) on {backend.name}")
         weights = backend.asarray(weights_h)
         t_kernel = backend.timer()
 
-        operator = DenseKernelOperator(K, weights, backend)
+        if precomputed or engine == "dense":
+            operator = DenseKernelOperator(K, weights, backend)
+        else:
+            operator = TiledKernelOperator(features, spec, weights, backend, tf32=tf32, verbose=verbose)
         best, runs, init_seconds = run_restarts(operator, k, init=init, n_init=n_init, max_iter=max_iter,
                                                 tol=tol, rng=rng, verbose=verbose, update=update)
         t_end = backend.timer()
@@ -226,8 +292,49 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
             cluster_sizes=best.sizes.copy(), n_init=n_init,
             objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
             exact_objective=float(best.objective), stop_reason=best.stop_reason,
+            method_params={"engine": "dense" if precomputed else engine, "tf32": tf32},
             _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
             _within=best.within.copy(), _n_train=n)
+
+
+def _fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, tol, rng, verbose,
+               keep_on_device, n_components, t_start, t_valid):
+    """fit(method="eigen"): K on the device, its (top) eigendecomposition, Lloyd on A = V Lambda^(1/2)."""
+    n = X.shape[0]
+    if precomputed:
+        features = None
+        if X.dtype != dt:
+            _kernels.check_fits(X.size * dt.itemsize, backend, f"the {n} x {n} {dt.name} copy of K")
+        K = backend.asarray(X, dtype=dt)
+    else:
+        features = _kernels.prepare_features(X, spec, backend, dt)
+        K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose, storage=dt)
+    weights = backend.asarray(weights_h)
+    t_kernel = backend.timer()
+    n_eig = _eigen.resolve_components(n_components, n, k)
+    best, runs, init_seconds, params, state, exact, decomposition_seconds = _eigen.fit_eigen(
+        K, k, r=n_eig, weights=weights, init=init, n_init=n_init, max_iter=max_iter, tol=tol, rng=rng,
+        verbose=verbose, backend=backend)
+    del K
+    t_end = backend.timer()
+    timings = {
+        "validation": t_valid - t_start,
+        "kernel_build": t_kernel - t_valid,
+        "eigendecomposition": decomposition_seconds,
+        "init": init_seconds,
+        "iterations": float(sum(r.seconds for r in runs)),
+        "total": t_end - t_start,
+    }
+    return KernelKMeansResult(
+        labels=best.labels if keep_on_device else backend.to_host(best.labels).astype(np.int32),
+        objective=float(best.objective), objective_history=np.asarray(best.history, dtype=np.float64),
+        n_iter=int(best.n_iter), converged=bool(best.converged), n_clusters=k, method="eigen", kernel=spec.name,
+        kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
+        cluster_sizes=best.sizes.copy(), n_init=n_init,
+        objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
+        exact_objective=exact, stop_reason=best.stop_reason, method_params=params,
+        _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
+        _within=best.within.copy(), _n_train=n, _eigen_state=state)
 
 
 def _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, rng, verbose,
@@ -307,6 +414,10 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
         xp = backend.xp
         if result.method == "cats":
             return _predict_cats(result, X_new, backend, dt, batch_size)
+        if result.method == "eigen":
+            return _eigen.predict_eigen(result, X_new, backend, dt, batch_size)
+        if result._trim_state is not None:
+            return trimming._predict_trimmed(result, X_new, backend, dt, batch_size)
         sizes = np.asarray(result.cluster_sizes, dtype=np.float64)
         within = np.asarray(result._within, dtype=np.float64)
         train_labels = backend.asarray(result._train_labels, dtype=np.int32)

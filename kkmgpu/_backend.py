@@ -256,3 +256,22 @@ def resolve_device(device="auto", arrays=()) -> Backend:
             f"device={device!r} was requested but only {count} CUDA device(s) are visible "
             f"(ordinals 0..{count - 1}).")
     return Backend("cuda", index)
+
+
+@contextlib.contextmanager
+def gemm_precision(backend: Backend, tf32: bool):
+    """Context in which float32 matrix products on ``backend`` use TF32 tensor cores (``tf32=True``).
+
+    CuPy's cuBLAS compute type for float32 (what ``CUPY_TF32=1`` sets process-wide) is switched for the
+    duration and restored afterwards. A no-op on the CPU and when ``tf32`` is False.
+    """
+    if not (tf32 and backend.is_gpu):
+        yield
+        return
+    linalg = importlib.import_module("cupy._core._routines_linalg")
+    previous = linalg.get_compute_type(np.float32)
+    linalg.set_compute_type(np.float32, getattr(linalg, "COMPUTE_TYPE_TF32", 7))  # CuPy's enum value
+    try:
+        yield
+    finally:
+        linalg.set_compute_type(np.float32, previous)

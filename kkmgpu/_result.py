@@ -52,12 +52,16 @@ class KernelKMeansResult:
     exact_objective : float or None
         The kernel k-means objective of ``labels`` with exact centroids: equal to ``objective`` for
         method="exact"; for method="cats" computed only with ``exact_objective=True`` (``objective``
-        and ``objective_history`` then hold CATS's approximate distortion).
+        and ``objective_history`` then hold CATS's approximate distortion); for method="eigen" the
+        objective of ``labels`` on K itself (``objective`` is the one on the embedding A A^T, equal to
+        it with every eigenpair and no eigenvalue clipped).
     stop_reason : str
         Why the best restart stopped ("no point moved", "relative objective change <= tol", the CATS
         variance rule, "max_iter").
     method_params : dict
-        The resolved parameters of the method (for CATS: l, window, theta, rcond).
+        The resolved parameters of the method (for CATS: l, window, theta, rcond; for method="eigen":
+        n_components, n_components_used, decomposition, n_negative_eigenvalues, negative_eigenvalue_mass,
+        negative_fraction, largest/smallest_eigenvalue, captured_fraction, n_components_predict).
     """
 
     labels: object
@@ -87,6 +91,8 @@ class KernelKMeansResult:
     _within: np.ndarray = field(default=None, repr=False)
     _n_train: int = 0
     _cats_state: object = field(default=None, repr=False)
+    _trim_state: object = field(default=None, repr=False)
+    _eigen_state: object = field(default=None, repr=False)
 
     def __post_init__(self):
         for name in ("labels", "objective_history", "cluster_sizes", "objectives", "sample_weight", "_within"):

@@ -8,7 +8,7 @@ import numpy as np
 
 from ._backend import Backend, is_cupy_array
 
-METHODS = ("exact", "cats")
+METHODS = ("exact", "cats", "eigen", "trimmed")
 UPDATES = ("auto", "full", "incremental")
 INIT_NAMES = ("k-means++", "random")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
@@ -69,7 +69,15 @@ def as_array(X, name="X"):
 
 
 def check_data(X, backend: Backend, *, name="X", square=False):
-    """Validate a 2-D finite array on ``backend``; returns it on the device (dtype unchanged)."""
+    """Validate a 2-D finite array on ``backend``; returns it on the device (dtype unchanged).
+
+    A sparse matrix (scipy.sparse or cupyx.scipy.sparse, CSR/CSC/COO) is accepted only as a square
+    kernel matrix (``square=True``) and comes back as canonical CSR on the device.
+    """
+    from . import _sparse
+
+    if _sparse.is_sparse(X):
+        return _check_sparse_kernel(X, backend, name, square)
     X = as_array(X, name)
     if X.ndim != 2:
         raise ValueError(f"{name} must be 2-D (n_samples, n_features); got ndim={X.ndim} with shape {X.shape}.")
@@ -80,6 +88,23 @@ def check_data(X, backend: Backend, *, name="X", square=False):
         raise ValueError(f"{name} must be a square kernel matrix for kernel='precomputed'; got shape {X.shape}.")
     X = backend.asarray(X)
     if X.dtype.kind == "f" and not all_finite(X, backend.xp):
+        raise ValueError(f"{name} contains NaN or infinity; every value must be finite.")
+    return X
+
+
+def _check_sparse_kernel(X, backend: Backend, name, square):
+    from . import _sparse
+
+    if not square:
+        raise TypeError(f"{name} is a sparse {type(X).__name__}; sparse input is accepted only as a kernel matrix "
+                        "(kernel='precomputed'). Pass dense features otherwise.")
+    if X.ndim != 2 or X.shape[0] != X.shape[1] or X.shape[0] < 1:
+        raise ValueError(f"{name} must be a square kernel matrix for kernel='precomputed'; got shape {X.shape}.")
+    if X.dtype.kind not in "biuf":
+        raise ValueError(f"{name} has dtype {X.dtype}; a real numeric sparse matrix is required.")
+    dtype = None if X.dtype.kind == "f" else np.float64
+    X = _sparse.to_backend_csr(X, backend, dtype=dtype)
+    if not _sparse.all_finite_sparse(X, backend):
         raise ValueError(f"{name} contains NaN or infinity; every value must be finite.")
     return X
 
@@ -99,6 +124,10 @@ def check_symmetric(K, backend: Backend, rtol=None, block=None):
     Compares the tiles above the diagonal with the transposed tiles below it, so no n x n temporary
     is made; the maxima stay on the device until one host synchronisation per tile row.
     """
+    from . import _sparse
+
+    if _sparse.is_sparse(K):
+        return _sparse.check_symmetric_sparse(K, backend, rtol)
     xp = backend.xp
     if rtol is None:
         rtol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(np.dtype(K.dtype), 1e-10)
@@ -211,3 +240,64 @@ def check_cats_params(method, *, n_samples_per_cluster, window, theta, rcond, ex
     if not isinstance(exact_objective, bool):
         raise TypeError(f"exact_objective={exact_objective!r} must be True or False.")
     return {"l": l, "window": window, "theta": float(theta), "rcond": float(rcond)}
+
+
+def check_trim_params(method, *, vote_fraction, slack, h, max_size=None):
+    """Resolve the trimming parameters (method="trimmed" only; errors with any other method)."""
+    given = [name for name, value in (("trim_vote_fraction", vote_fraction), ("trim_slack", slack),
+                                      ("trim_h", h), ("trim_max_size", max_size)) if value is not None]
+    if method != "trimmed":
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply to method='trimmed' (method={method!r}).")
+        return None
+    from .trimming import DEFAULT_H, DEFAULT_MAX_SIZE, DEFAULT_SLACK, DEFAULT_VOTE_FRACTION, _check_trim_params
+
+    vote_fraction, slack, h, max_size = _check_trim_params(
+        DEFAULT_VOTE_FRACTION if vote_fraction is None else vote_fraction,
+        DEFAULT_SLACK if slack is None else slack, DEFAULT_H if h is None else h,
+        DEFAULT_MAX_SIZE if max_size is None else max_size, prefix="trim_")
+    return {"vote_fraction": vote_fraction, "slack": slack, "h": h, "max_size": max_size}
+
+
+def check_eigen_params(method, *, n_components, n, dtype):
+    """Validate ``n_components`` (method="eigen" only): None or an integer in [1, n_samples]."""
+    if method != "eigen":
+        if n_components is not None:
+            raise ValueError(f"n_components={n_components!r} only applies to method='eigen' (method={method!r}).")
+        return None
+    if dtype == np.float16:
+        raise ValueError("dtype='float16' is not supported by method='eigen'; the eigendecomposition needs "
+                         "'float32' or 'float64'.")
+    if n_components is not None:
+        n_components = check_int(n_components, "n_components", minimum=1)
+        if n_components > n:
+            raise ValueError(f"n_components={n_components} must be <= n_samples={n} (K has n_samples eigenpairs).")
+    return n_components
+
+
+ENGINES = ("auto", "dense", "tiled")
+
+
+def check_engine(engine, tf32, *, method, precomputed, backend: Backend, dtype):
+    """Validate ``engine`` and ``tf32`` (the exact method's kernel engine and its GEMM precision)."""
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not valid; use one of {list(ENGINES)}.")
+    if not isinstance(tf32, bool):
+        raise TypeError(f"tf32={tf32!r} must be True or False.")
+    if engine != "auto" and method != "exact":
+        raise ValueError(f"engine={engine!r} only applies to method='exact' (method={method!r}).")
+    if engine == "tiled" and precomputed:
+        raise ValueError("engine='tiled' recomputes kernel tiles from the features, and kernel='precomputed' has "
+                         "none; use engine='dense' or 'auto'.")
+    if tf32:
+        if method != "exact":
+            raise ValueError(f"tf32=True only applies to method='exact' (method={method!r}).")
+        import warnings
+
+        if not backend.is_gpu:
+            warnings.warn("tf32=True has no effect on the CPU: its float32 GEMMs are IEEE float32. TF32 applies to "
+                          "NVIDIA GPUs with tensor cores (Ampere or newer).", UserWarning, stacklevel=3)
+        elif np.dtype(dtype) == np.float64:
+            warnings.warn("tf32=True has no effect with dtype='float64': TF32 rounds float32 GEMM inputs only.",
+                          UserWarning, stacklevel=3)
+    return engine

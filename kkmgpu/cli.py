@@ -1,4 +1,4 @@
-"""The ``kkmgpu`` command line: ``kkmgpu demo`` and ``kkmgpu fit DATA -k K``.
+"""The ``kkmgpu`` command line: ``kkmgpu demo``, ``kkmgpu fit DATA -k K`` and ``kkmgpu compare``.
 
 Run ``kkmgpu --help`` (or ``python -m kkmgpu --help``) for the options.
 """
@@ -102,7 +102,8 @@ def _build_parser():
                      help="number of clusters")
     fit.add_argument("--kernel", choices=KERNELS, default="rbf", help="kernel function (default: rbf)")
     fit.add_argument("--gamma", type=float_or_scale, default=None, metavar="G",
-                     help='kernel width/scale, a float > 0 or "scale" (default: the kernel\'s default)')
+                     help='kernel width/scale, a float > 0, "scale", or "search" (rbf: the Off-the-grid bandwidth '
+                          'search picks it; default: the kernel\'s default)')
     fit.add_argument("--degree", type=int, default=3, metavar="D", help="polynomial degree (default: 3)")
     fit.add_argument("--coef0", type=float, default=None, metavar="C",
                      help="polynomial/sigmoid offset (default: 1)")
@@ -117,8 +118,11 @@ def _build_parser():
                      help="most assignment steps per initialisation (default: 300)")
     fit.add_argument("--seed", type=int, default=None, metavar="S",
                      help="random seed, for reproducible labels (default: unseeded)")
-    fit.add_argument("--method", choices=("exact", "cats"), default="exact",
-                     help="exact (dense kernel matrix) or cats (sampled centroids, no n x n matrix)")
+    fit.add_argument("--method", choices=("exact", "cats", "trimmed", "eigen"), default="exact",
+                     help="exact (dense kernel matrix), cats (sampled centroids, no n x n matrix) or trimmed "
+                          "(kernel matrix trimmed by cluster-size voting, sparse iterations)")
+    fit.add_argument("--n-components", type=int, default=None, metavar="R",
+                     help="eigen: the top R eigenpairs of K (default: all up to n=4096, else max(128, 8 K))")
     fit.add_argument("--samples-per-cluster", type=int, default=None, metavar="L",
                      help="cats: points sampled per cluster and iteration (default: ceil(sqrt(n / k)))")
     fit.add_argument("--labels-last-column", action="store_true",
@@ -130,6 +134,19 @@ def _build_parser():
     fit.add_argument("-o", "--output", type=Path, default=None, metavar="LABELS.csv",
                      help="write the labels there, one integer in [0, K) per line")
     fit.set_defaults(handler=_run_fit)
+
+    from kkmgpu import compare  # the comparison's options live with its code (also used by bench/compare.py)
+
+    comparison = commands.add_parser(
+        "compare",
+        help="kkmgpu's methods against scikit-learn's, tslearn's and the metrics users know; tables and plots",
+        description="Cluster labelled data sets (shape sets, UCI, Wine, WDBC, digits, MNIST samples) and the "
+                    "thesis's two scenarios (growing n, growing d) with kkmgpu's methods, scikit-learn's KMeans, "
+                    "Agglomerative, Spectral, GaussianMixture and tslearn's KernelKMeans; write Markdown, CSV, "
+                    "JSON and PNG plots. Missing optional packages are skipped with a message.",
+    )
+    compare.add_arguments(comparison)
+    comparison.set_defaults(handler=compare.run_from_args)
     return parser
 
 
@@ -139,8 +156,8 @@ def _add_device_argument(parser):
 
 
 def float_or_scale(text):
-    """Parse --gamma: a float, or the word "scale"."""
-    return text if text == "scale" else float(text)
+    """Parse --gamma: a float, or the word "scale" or "search"."""
+    return text if text in ("scale", "search") else float(text)
 
 
 def int_or_auto(text):
@@ -162,7 +179,7 @@ def _run_fit(args):
         X, args.k, kernel=args.kernel, gamma=args.gamma, degree=args.degree, coef0=args.coef0,
         device=args.device, dtype=args.dtype, init=args.init, n_init=args.n_init, max_iter=args.max_iter,
         random_state=args.seed, verbose=args.verbose, method=args.method,
-        n_samples_per_cluster=args.samples_per_cluster,
+        n_samples_per_cluster=args.samples_per_cluster, n_components=args.n_components,
         exact_objective=args.method == "cats" and X.shape[0] <= 50_000,
     )
     labels = np.asarray(result.labels)
@@ -179,8 +196,22 @@ def _run_fit(args):
                                     if result.method == "cats" else "")),
         ("objective", _format_number(result.objective) + (" (approximate distortion)" if result.method == "cats"
                                                             else "")),
+        *([("trimming", f"{result.method_params['n_clusters_estimated']} clusters estimated, kept "
+                        f"{result.method_params['density']:.4f} of K ({result.method_params['nnz']} entries), "
+                        f"{result.timings['trimming']:.3f} s")] if result.method == "trimmed" else []),
+        *([("eigendecomposition", f"{result.method_params['n_components_used']} of "
+                                  f"{result.method_params['n_components']} components "
+                                  f"({result.method_params['decomposition']}), "
+                                  f"{100 * result.method_params['captured_fraction']:.4g}% of trace K, "
+                                  f"{result.method_params['n_negative_eigenvalues']} negative eigenvalues clipped, "
+                                  f"{result.timings['eigendecomposition']:.3f} s")] if result.method == "eigen" else []),
         *([("exact objective", _format_number(result.exact_objective))]
-          if result.method == "cats" and result.exact_objective is not None else []),
+          if result.method in ("cats", "eigen") and result.exact_objective is not None else []),
+        *([("bandwidth search", f"{len(result.method_params['bandwidth_search'].clusterings)} distinct clusterings, "
+                                f"best sigma={_format_number(result.method_params['sigma'])} (lowest c-NNC "
+                                f"{result.method_params['bandwidth_search'].best.cnnc:.4f}), "
+                                f"{result.timings['bandwidth_search']:.3f} s")]
+          if "bandwidth_search" in result.method_params else []),
         ("n_iter", str(result.n_iter)),
         ("converged", str(result.converged)),
         ("seconds", f"{result.timings['total']:.3f} (kernel build {result.timings['kernel_build']:.3f}, "

@@ -22,7 +22,8 @@ class KernelKMeans:
     labels_ : ndarray of shape (n_samples,)
     inertia_ : float
         Kernel k-means objective of ``labels_`` (for method="cats": the exact objective when
-        ``exact_objective=True``, else CATS's approximate distortion).
+        ``exact_objective=True``, else CATS's approximate distortion; for method="eigen": the
+        objective on K itself).
     n_iter_ : int
     result_ : KernelKMeansResult
         Everything :func:`kkmgpu.fit` returned (timings, objective history, device, ...).
@@ -40,7 +41,9 @@ class KernelKMeans:
     def __init__(self, n_clusters=8, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None,
                  method="exact", device="auto", dtype="float32", init="k-means++", n_init="auto",
                  max_iter=300, tol=1e-6, random_state=None, verbose=False, update="auto",
-                 n_samples_per_cluster=None, window=None, theta=None, rcond=None, exact_objective=False):
+                 n_samples_per_cluster=None, window=None, theta=None, rcond=None, exact_objective=False,
+                 n_components=None, engine="auto", tf32=False, trim_vote_fraction=None, trim_slack=None,
+                 trim_h=None, trim_max_size=None):
         self.n_clusters = n_clusters
         self.kernel = kernel
         self.gamma = gamma
@@ -62,6 +65,13 @@ class KernelKMeans:
         self.theta = theta
         self.rcond = rcond
         self.exact_objective = exact_objective
+        self.n_components = n_components
+        self.engine = engine
+        self.tf32 = tf32
+        self.trim_vote_fraction = trim_vote_fraction
+        self.trim_slack = trim_slack
+        self.trim_h = trim_h
+        self.trim_max_size = trim_max_size
 
     @classmethod
     def _get_param_names(cls):
@@ -103,7 +113,10 @@ class KernelKMeans:
                             max_iter=self.max_iter, tol=self.tol, sample_weight=sample_weight,
                             random_state=self.random_state, verbose=self.verbose, update=self.update,
                             n_samples_per_cluster=self.n_samples_per_cluster, window=self.window,
-                            theta=self.theta, rcond=self.rcond, exact_objective=self.exact_objective)
+                            theta=self.theta, rcond=self.rcond, exact_objective=self.exact_objective,
+                            n_components=self.n_components, engine=self.engine, tf32=self.tf32,
+                            trim_vote_fraction=self.trim_vote_fraction, trim_slack=self.trim_slack,
+                            trim_h=self.trim_h, trim_max_size=self.trim_max_size)
         self.labels_ = self.result_.labels
         self.inertia_ = (self.result_.exact_objective if self.result_.exact_objective is not None
                          else self.result_.objective)

@@ -1,8 +1,12 @@
-"""Clustering metrics: the kernel k-means objective, NMI and ARI.
+"""Clustering metrics: the kernel k-means objective, NMI and ARI, and c-NNC (:func:`cnnc`, in ``_cnnc.py``).
 
 NMI and ARI are scikit-learn's (``normalized_mutual_info_score`` with the arithmetic mean,
 ``adjusted_rand_score``) when scikit-learn is installed; otherwise the same definitions are
 computed here from the contingency table, so kkmgpu needs no scikit-learn at run time.
+
+Internal indices of the thesis slides (kernel-kmeans-thesis-slides.txt), computed on the device in
+float64 (:mod:`kkmgpu._quality`): :func:`silhouette` (tiled, O(n^2 d)), :func:`calinski_harabasz`,
+:func:`davies_bouldin` and :func:`sum_of_variances`.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ from scipy import sparse
 from scipy.special import comb
 
 from ._backend import import_cupy, is_cupy_array
+from ._cnnc import cnnc  # c-NNC (Off-the-grid paper, §7): nearest-neighbour clustering cost, lower is better
+from ._quality import calinski_harabasz, davies_bouldin, silhouette, sum_of_variances  # thesis slides' indices
 
-__all__ = ["kernel_kmeans_objective", "nmi", "ari"]
+__all__ = ["kernel_kmeans_objective", "nmi", "ari", "cnnc",
+           "silhouette", "calinski_harabasz", "davies_bouldin", "sum_of_variances"]
 
 
 def _host(a):

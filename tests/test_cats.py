@@ -484,7 +484,7 @@ def test_no_n_by_n_array(monkeypatch):
     X, _ = blobs(n, 4, 5, seed=25)
     monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: n * n * 4 - 1)
     with pytest.raises(kkmgpu.InsufficientMemoryError):
-        kkmgpu.fit(X, 5, device="cpu", random_state=0)
+        kkmgpu.fit(X, 5, device="cpu", random_state=0, engine="dense")
     result = quiet_fit(X, 5, method="cats", device="cpu", random_state=0, exact_objective=True, n_init=2)
     assert_sane(result, 5, n)
 

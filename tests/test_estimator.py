@@ -98,6 +98,8 @@ def test_default_params_follow_spec():
         "method": "exact", "device": "auto", "dtype": "float32", "init": "k-means++", "n_init": "auto",
         "max_iter": 300, "tol": 1e-6, "random_state": None, "verbose": False, "update": "auto",
         "n_samples_per_cluster": None, "window": None, "theta": None, "rcond": None, "exact_objective": False,
+        "n_components": None, "engine": "auto", "tf32": False, "trim_vote_fraction": None, "trim_slack": None,
+        "trim_h": None, "trim_max_size": None,
     }
 
 

@@ -60,5 +60,5 @@ def test_float16_halves_the_memory_check(monkeypatch):
     monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: int(n * n * 3 / _backend.MEMORY_HEADROOM))
     X = np.random.default_rng(4).normal(size=(n, 3))
     with pytest.raises(kkmgpu.InsufficientMemoryError, match="float32"):
-        kkmgpu.fit(X, 2, dtype="float32", device="cpu")
-    assert kkmgpu.fit(X, 2, dtype="float16", device="cpu", random_state=0).dtype == "float16"
+        kkmgpu.fit(X, 2, dtype="float32", device="cpu", engine="dense")
+    assert kkmgpu.fit(X, 2, dtype="float16", device="cpu", random_state=0, engine="dense").dtype == "float16"

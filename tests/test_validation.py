@@ -260,7 +260,7 @@ def test_insufficient_memory(X, monkeypatch, device):
     monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: 4096)
     assert issubclass(kkmgpu.InsufficientMemoryError, MemoryError)
     with pytest.raises(kkmgpu.InsufficientMemoryError, match=r"4096"):
-        fit(X, device=device, dtype="float64")
+        fit(X, device=device, dtype="float64", engine="dense")
 
 
 def test_insufficient_memory_names_bytes_needed(monkeypatch):
@@ -268,7 +268,7 @@ def test_insufficient_memory_names_bytes_needed(monkeypatch):
     X = np.random.default_rng(4).normal(size=(n, 2))
     monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: 10_000_000)
     with pytest.raises(kkmgpu.InsufficientMemoryError, match=str(n * n * 4)):
-        fit(X, 2, dtype="float32")
+        fit(X, 2, dtype="float32", engine="dense")
 
 
 # --------------------------------------------------------------------------- predict

@@ -1,0 +1,542 @@
+"""Kernel k-means on a Dask cluster: rows partitioned across workers, exact (tiled engine) and CATS.
+
+``import kkmgpu`` does not import this module (nor Dask); ``import kkmgpu.dask`` does, and needs the
+``dask`` extra (``pip install "kkmgpu[dask]"``: dask[array] and distributed).
+
+How a run is distributed (W workers, n points, d features, k clusters):
+
+- the rows are split into W contiguous blocks, one per worker; every worker also holds the prepared
+  features of *all* n points (the columns of its kernel tiles), gathered once from the Dask array's
+  chunks: O(n d) memory per worker, plus its block's n_b x k cluster sums and one kernel tile;
+- exact (method="exact"): each iteration every worker computes the cluster sums S of its rows against
+  all points with the tiled engine (:class:`kkmgpu._tiled.TiledKernelOperator`, incremental when few
+  points moved), and returns the k-sized partial sizes and within-cluster totals; the client reduces
+  them, sends the totals back, every worker assigns its rows, and the client gathers the n labels
+  (int32) and broadcasts them. Per iteration and worker: 4 n bytes of labels in, 4 n_b bytes of labels
+  and O(k) numbers out;
+- CATS (method="cats"): the client samples the l points per cluster (same random stream as
+  :func:`kkmgpu.fit`), the workers return their rows' partial L_c w_c (k x l numbers), the client
+  computes the coefficients alpha (k x l) and broadcasts them, the workers assign their rows.
+
+From the same initial labels (and the same ``random_state`` for CATS) the labels equal those of
+:func:`kkmgpu.fit` with ``engine="tiled"`` (or "dense") on one device, up to the rounding of sums
+taken in another order. Workers use the device their ``device`` argument resolves to on the worker:
+with dask-cuda's ``LocalCUDACluster`` each worker sees one GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import time
+import warnings
+
+import numpy as np
+
+from . import _cats, _kernels, _validation
+from ._backend import Backend, resolve_device
+from ._lloyd import FULL_REFRESH_EVERY, ConvergenceWarning, initial_labels, refill_empty_clusters
+from ._result import KernelKMeansResult
+from ._tiled import TiledKernelOperator
+
+try:
+    import dask.array as da
+    from distributed import default_client
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("kkmgpu.dask needs Dask: pip install 'kkmgpu[dask]' (dask[array] and distributed)") from exc
+
+__all__ = ["fit"]
+
+
+# ------------------------------------------------------------------------------------------ worker side
+
+
+class _Block:
+    """What one worker keeps for the whole run: all prepared features, its rows' operator and source."""
+
+    def __init__(self, A, weights, spec, r0, r1, device, tile_rows, tf32):
+        self.backend = resolve_device(device)
+        with self.backend.activate():
+            self.A = self.backend.asarray(A)
+            self.weights = self.backend.asarray(weights)
+            self.r0, self.r1 = r0, r1
+            self.operator = TiledKernelOperator(self.A, spec, self.weights, self.backend, tile_rows=tile_rows,
+                                                tf32=tf32, row_range=(r0, r1))
+            self.source = _cats.KernelSource(self.A, spec, self.backend)
+
+
+def _assemble(spec, dtype, *parts):
+    """The prepared features of every point (host), from the Dask array's row chunks."""
+    backend = Backend("cpu")
+    return _kernels.prepare_features(np.concatenate([np.asarray(p) if not hasattr(p, "get") else p.get()
+                                                     for p in parts]), spec, backend, dtype)
+
+
+def _make_block(A, weights, spec, r0, r1, device, tile_rows, tf32):
+    return _Block(A, weights, spec, r0, r1, device, tile_rows, tf32)
+
+
+def _block_info(block):
+    """(backend name, K_ii of the block's rows as host float64, sum_i w_i K_ii over them)."""
+    op = block.operator
+    return block.backend.name, block.backend.to_host(op.diag).astype(np.float64), op.total_diag
+
+
+def _block_rows(block, index):
+    with block.backend.activate():
+        return block.operator.rows(index)
+
+
+def _block_cluster_sums(block, labels, k):
+    with block.backend.activate():
+        return block.operator.cluster_sums(block.backend.asarray(labels), k)
+
+
+def _block_update(block, S, old_labels, new_labels):
+    with block.backend.activate():
+        be = block.backend
+        return block.operator.update_cluster_sums(S.copy(), be.asarray(old_labels), be.asarray(new_labels))
+
+
+def _block_totals(block, S, labels, k):
+    """Partial weighted sizes and within-cluster totals of the block's rows, host float64 (2, k)."""
+    with block.backend.activate():
+        be, xp = block.backend, block.backend.xp
+        lab = be.asarray(labels[block.r0:block.r1])
+        own = xp.take_along_axis(S, lab[:, None].astype(xp.int64), axis=1)[:, 0]
+        sizes, within = be.ops.cluster_totals(lab, block.weights[block.r0:block.r1], own, k)
+        return np.stack([sizes, within])
+
+
+def _block_cross(block, S, labels, k):
+    """Y^T S over the block's rows (k x k): inner products of the cluster centres, for duplicate checks."""
+    with block.backend.activate():
+        be, xp = block.backend, block.backend.xp
+        lab = be.asarray(labels[block.r0:block.r1])
+        Y = xp.zeros((block.r1 - block.r0, k), dtype=xp.float64)
+        Y[xp.arange(block.r1 - block.r0), lab] = block.weights[block.r0:block.r1]
+        return be.to_host(Y.T @ S)
+
+
+def _block_assign(block, S, labels, sizes, within):
+    """Assignment of the block's rows: (new labels int32, distance to the chosen centre, counts per cluster)."""
+    with block.backend.activate():
+        be = block.backend
+        k = sizes.shape[0]
+        counts = np.zeros(k, dtype=np.int64)
+        new, dist, _ = be.ops.assign_labels(S, block.operator.diag, sizes, within,
+                                            be.asarray(labels[block.r0:block.r1]), counts=counts)
+        return be.to_host(new).astype(np.int32), be.to_host(dist), counts
+
+
+def _block_cats_sums(block, labels, index):
+    """CATS pass 1 over the block's rows: partial L_c w_c = sum_{i in c} w_i K(S_c, x_i), (k, l) float64."""
+    with block.backend.activate():
+        be, xp = block.backend, block.backend.xp
+        k, l = index.shape
+        samples = block.source.take(be.asarray(index.ravel()))
+        lab_all = be.asarray(labels)
+        Lw = xp.zeros((k, l), dtype=xp.float64)
+        step = _kernels.tile_rows(k * l, block.source.itemsize)
+        for i0 in range(block.r0, block.r1, step):
+            i1 = min(block.r1, i0 + step)
+            B = block.source.block(i0, i1, samples)
+            lab = lab_all[i0:i1]
+            own = B.reshape(i1 - i0, k, l)[xp.arange(i1 - i0), lab].astype(xp.float64)
+            Y = xp.zeros((i1 - i0, k), dtype=xp.float64)
+            Y[xp.arange(i1 - i0), lab] = block.weights[i0:i1]
+            Lw += Y.T @ own
+        return be.to_host(Lw)
+
+
+def _block_features(block):
+    return block.backend.to_host(block.A)
+
+
+def _block_samples(block, index):
+    return block.backend.to_host(block.A[block.backend.asarray(index.ravel())])
+
+
+def _block_cats_assign(block, labels, index, alpha, offsets, nonempty):
+    """CATS pass 2 over the block's rows: nearest approximate centroid, its distance, sum_i w_i dist_i."""
+    with block.backend.activate():
+        be, xp = block.backend, block.backend.xp
+        samples = block.source.take(be.asarray(index.ravel()))
+        alpha_d = be.asarray(alpha)
+        k, l = index.shape
+        T = xp.empty((block.r1 - block.r0, k), dtype=xp.float64)
+        step = _kernels.tile_rows(k * l, block.source.itemsize)
+        for i0 in range(block.r0, block.r1, step):
+            i1 = min(block.r1, i0 + step)
+            T[i0 - block.r0:i1 - block.r0] = _cats._project(block.source.block(i0, i1, samples), alpha_d, xp)
+        new, dist, _ = be.ops.assign_labels(T, block.operator.diag, nonempty.astype(np.float64), offsets,
+                                            be.asarray(labels[block.r0:block.r1]))
+        return be.to_host(new).astype(np.int32), be.to_host(dist)
+
+
+# ------------------------------------------------------------------------------------------ client side
+
+
+class _Cluster:
+    """The blocks of one run and the futures that address them."""
+
+    def __init__(self, client, blocks, addresses, bounds):
+        self.client, self.blocks, self.addresses, self.bounds = client, blocks, addresses, bounds
+
+    def map(self, fn, *args, per_block=None, first=False):
+        """Submit ``fn(block, *args, *per_block[b])`` (``fn(block, *per_block[b], *args)`` with ``first``)
+        on each block's worker; futures in block order."""
+        futures = []
+        for b, (block, address) in enumerate(zip(self.blocks, self.addresses)):
+            extra = tuple(per_block[b]) if per_block is not None else ()
+            call = (block, *extra, *args) if first else (block, *args, *extra)
+            futures.append(self.client.submit(fn, *call, workers=[address], allow_other_workers=False,
+                                              pure=False))
+        return futures
+
+    def gather(self, futures):
+        return self.client.gather(futures)
+
+    def parts(self, futures, index):
+        """Item ``index`` of each future's tuple, fetched without the other items."""
+        picks = [self.client.submit(operator.itemgetter(index), f, workers=[a], pure=False)
+                 for f, a in zip(futures, self.addresses)]
+        return self.client.gather(picks)
+
+    def broadcast(self, array):
+        return self.client.scatter(array, broadcast=True, hash=False)
+
+
+class _SeedingRows:
+    """k-means++ rows from the workers (the operator interface :func:`kkmgpu._lloyd.kmeans_plus_plus` reads)."""
+
+    def __init__(self, cluster, weights_h, diag_h):
+        self.cluster, self.weights, self.diag = cluster, weights_h, diag_h
+        self.backend = Backend("cpu")
+        self.n = weights_h.shape[0]
+        self._next = 0
+
+    def rows(self, index):
+        b = self._next % len(self.cluster.blocks)  # every worker has all features: take turns
+        self._next += 1
+        future = self.cluster.client.submit(_block_rows, self.cluster.blocks[b], np.asarray(index, dtype=np.int64),
+                                            workers=[self.cluster.addresses[b]], pure=False)
+        return future.result()
+
+
+def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params):
+    """The kernel spec with gamma's data-scale default and the centre taken from the Dask array."""
+    name = _kernels.canonical_kernel_name(kernel)
+    if name == "precomputed":
+        raise ValueError("kkmgpu.dask.fit clusters features; kernel='precomputed' is not supported there.")
+    d = X.shape[1]
+    needs_gamma = name in ("rbf", "polynomial", "sigmoid", "laplacian")
+    if gamma is None and needs_gamma:
+        gamma = "scale" if name in ("rbf", "laplacian") else "auto"
+    mean, var = da.compute(X.mean(axis=0, dtype=np.float64), X.astype(np.float64).var())
+    if needs_gamma and gamma == "scale":
+        gamma = 1.0 / (d * float(var)) if var > 0 else 1.0
+    elif needs_gamma and gamma == "auto":
+        gamma = 1.0 / d
+    spec = _kernels.resolve_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0, kernel_params=kernel_params,
+                                   X=np.zeros((1, d)), xp=np)
+    if name in ("rbf", "laplacian"):
+        spec = dataclasses.replace(spec, center=np.asarray(mean, dtype=np.float64))
+    return spec
+
+
+def _check_dask_array(X):
+    if not isinstance(X, da.Array):
+        raise TypeError(f"X must be a dask.array.Array (rows in chunks); got {type(X).__name__}. Use "
+                        "dask.array.from_array(X, chunks=...) or kkmgpu.fit for an in-memory array.")
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n_samples, n_features); got ndim={X.ndim} with shape {X.shape}.")
+    if any(isinstance(s, float) and np.isnan(s) for s in X.shape):
+        raise ValueError("X has unknown chunk sizes; call X.compute_chunk_sizes() first.")
+    n, d = X.shape
+    if n < 1 or d < 1:
+        raise ValueError(f"X has shape {X.shape}; at least one sample and one feature are required.")
+    if X.dtype.kind not in "biuf":
+        raise ValueError(f"X has dtype {X.dtype}; a real numeric array is required.")
+    X = X.rechunk({1: -1})  # every chunk holds whole rows
+    if X.dtype.kind == "f" and not bool(da.isfinite(X).all().compute()):
+        raise ValueError("X contains NaN or infinity; every value must be finite.")
+    return X
+
+
+def _distinct_centres(cross, sizes, within):
+    """Clusters whose feature-space centres are pairwise distinct (as :mod:`kkmgpu._lloyd` counts them)."""
+    nonempty = np.flatnonzero(sizes > 0)
+    if nonempty.size <= 1:
+        return int(nonempty.size)
+    norm = within / np.where(sizes > 0, sizes, 1.0) ** 2
+    scale = max(float(np.max(np.abs(norm[nonempty]))), np.finfo(float).tiny)
+    distinct = []
+    for a in nonempty:
+        if all(norm[a] + norm[b] - 2.0 * cross[a, b] / (sizes[a] * sizes[b]) > 1e-7 * scale for b in distinct):
+            distinct.append(a)
+    return len(distinct)
+
+
+def _lloyd(cluster, weights_h, total_diag, labels0, k, *, max_iter, tol, update, verbose, restart):
+    """Exact kernel k-means iterations over the blocks; the steps of :func:`kkmgpu._lloyd.lloyd`."""
+    t0 = time.perf_counter()
+    n = weights_h.shape[0]
+    has_zero_weights = bool((weights_h == 0).any())
+    prefix = f"[kkmgpu.dask] init {restart}: " if restart is not None else "[kkmgpu.dask] "
+    labels = np.asarray(labels0, dtype=np.int32)
+    labels_f = cluster.broadcast(labels)
+    S = cluster.map(_block_cluster_sums, labels_f, k)
+
+    def per_block(fn, S, *args):  # fn(block, its cluster sums, *args) on the block's worker
+        return cluster.map(fn, *args, per_block=[(s,) for s in S], first=True)
+
+    def totals(S, labels_f):
+        sizes, within = np.sum(cluster.gather(per_block(_block_totals, S, labels_f, k)), axis=0)
+        nonempty = sizes > 0
+        return sizes, within, total_diag - float(np.sum(within[nonempty] / sizes[nonempty]))
+
+    sizes, within, objective = totals(S, labels_f)
+    history = [objective]
+    since_full, converged, stop_reason, n_iter = 0, False, "max_iter", 0
+    if verbose:
+        print(f"{prefix}iteration 0: objective {objective:.10g}")
+    for n_iter in range(1, max_iter + 1):
+        assigned = per_block(_block_assign, S, labels_f, sizes, within)
+        new_labels = np.concatenate(cluster.parts(assigned, 0))
+        counts = np.sum(cluster.parts(assigned, 2), axis=0)
+        if counts.min() == 0 or has_zero_weights:
+            if np.bincount(new_labels[weights_h > 0], minlength=k).min() == 0:
+                dist = np.concatenate(cluster.parts(assigned, 1))
+                refill_empty_clusters(new_labels, dist, weights_h, k)
+        n_changed = int((new_labels != labels).sum())
+        if n_changed == 0:
+            converged, stop_reason = True, "no point moved"
+            if verbose:
+                print(f"{prefix}iteration {n_iter}: no point changed cluster, converged")
+            break
+        new_f = cluster.broadcast(new_labels)
+        use_incremental = (update == "incremental" or (update == "auto" and n_changed / n < 1.0)) \
+            and since_full < FULL_REFRESH_EVERY
+        if use_incremental:
+            S = per_block(_block_update, S, labels_f, new_f)
+            since_full += 1
+        else:
+            S = cluster.map(_block_cluster_sums, new_f, k)
+            since_full = 0
+        labels, labels_f = new_labels, new_f
+        sizes, within, new_objective = totals(S, labels_f)
+        history.append(new_objective)
+        if verbose:
+            print(f"{prefix}iteration {n_iter}: objective {new_objective:.10g}, {n_changed} points moved")
+        done = abs(objective - new_objective) <= tol * abs(objective)
+        objective = new_objective
+        if done:
+            converged, stop_reason = True, "relative objective change <= tol"
+            if verbose:
+                print(f"{prefix}relative objective change <= tol={tol:g}, converged")
+            break
+    cross = np.sum(cluster.gather(per_block(_block_cross, S, labels_f, k)), axis=0)
+    return dict(labels=labels, objective=objective, history=history, n_iter=n_iter, converged=converged,
+                sizes=sizes, within=within, stop_reason=stop_reason, seconds=time.perf_counter() - t0,
+                n_distinct=_distinct_centres(cross, sizes, within))
+
+
+def _cats_run(cluster, spec, dtype, weights_h, diag_h, labels0, k, *, l, max_iter, window, theta, rcond, rng,
+              verbose, restart):
+    """CATS iterations over the blocks; the steps of :func:`kkmgpu._cats.cats`."""
+    t0 = time.perf_counter()
+    host = Backend("cpu")
+    labels_h = np.asarray(labels0, dtype=np.int32).copy()
+    history, converged, stop_reason, state, n_iter = [], False, "max_iter", None, 0
+    prefix = f"[kkmgpu.dask] cats init {restart}: " if restart is not None else "[kkmgpu.dask] cats "
+    for n_iter in range(1, max_iter + 1):
+        labels_f = cluster.broadcast(labels_h)
+        sizes_h = np.bincount(labels_h, weights=weights_h, minlength=k)
+        index, mask = _cats._sample(labels_h, weights_h, k, l, rng)
+        Lw = np.sum(cluster.gather(cluster.map(_block_cats_sums, labels_f, index)), axis=0)
+        samples = cluster.client.submit(_block_samples, cluster.blocks[0], index, workers=[cluster.addresses[0]],
+                                        pure=False).result()
+        source = _cats.KernelSource(samples, spec, host)
+        alpha, offsets = _cats._centroid_coefficients(source, samples, host, k, l, mask.astype(np.float64), Lw,
+                                                      sizes_h, rcond, diag_h[index.ravel()])
+        nonempty = sizes_h > 0
+        assigned = cluster.map(_block_cats_assign, labels_f, index, alpha, offsets, nonempty)
+        results = cluster.gather(assigned)
+        new_h = np.concatenate([r[0] for r in results])
+        dist_h = np.concatenate([r[1] for r in results])
+        if np.bincount(new_h[weights_h > 0], minlength=k).min() == 0:
+            refill_empty_clusters(new_h, dist_h, weights_h, k)
+        n_changed = int((new_h != labels_h).sum())
+        distortion = float((weights_h * dist_h).sum())
+        history.append(distortion)
+        state = _cats.CatsState(index=index, alpha=alpha, offsets=offsets, nonempty=nonempty)
+        labels_h = new_h
+        if verbose:
+            print(f"{prefix}iteration {n_iter}: approximate distortion {distortion:.10g}, {n_changed} points moved")
+        if n_changed == 0:
+            converged, stop_reason = True, "no point moved"
+            break
+        if len(history) >= window:
+            last = np.asarray(history[-window:])
+            if last.var() <= theta * last.mean() ** 2:
+                converged, stop_reason = True, f"variance of the last {window} distortions <= theta"
+                break
+    if verbose:
+        print(f"{prefix}stopped after {n_iter} iterations: {stop_reason}")
+    return dict(labels=labels_h, objective=history[-1], history=history, n_iter=n_iter, converged=converged,
+                stop_reason=stop_reason, sizes=np.bincount(labels_h, weights=weights_h, minlength=k), state=state,
+                seconds=time.perf_counter() - t0)
+
+
+def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None, method="exact",
+        device="auto", dtype="float32", init="k-means++", n_init="auto", max_iter=300, tol=1e-6,
+        sample_weight=None, random_state=None, verbose=False, update="auto", tf32=False,
+        n_samples_per_cluster=None, window=None, theta=None, rcond=None, tile_rows=None, keep_features=False,
+        client=None) -> KernelKMeansResult:
+    """Kernel k-means of a Dask array, rows partitioned across the workers of a Dask cluster.
+
+    Parameters
+    ----------
+    X : dask.array.Array of shape (n_samples, n_features)
+        NumPy or CuPy chunks; columns are rechunked to one chunk. Its chunks are gathered once onto
+        every worker (each worker holds all n x d prepared features: the columns of its kernel tiles).
+    k : int
+        Number of clusters, 1 <= k <= n_samples.
+    kernel, gamma, degree, coef0, kernel_params, dtype, init, n_init, max_iter, tol, sample_weight, \
+random_state, verbose, update, tf32
+        As for :func:`kkmgpu.fit`; gamma's "scale" default and the centring mean are computed from X with
+        Dask. ``kernel="precomputed"`` is not supported; dtype "float16" computes in float32.
+    method : {"exact", "cats"}, default="exact"
+        "exact": the tiled engine on every worker (no n x n matrix anywhere). "cats": CATS with the
+        per-cluster sums and the assignment distributed.
+    device : {"auto", "cpu", "cuda"}, default="auto"
+        Resolved on each worker ("auto": the worker's GPU when CuPy sees one, as with dask-cuda's
+        ``LocalCUDACluster``, else its CPU).
+    n_samples_per_cluster, window, theta, rcond
+        CATS's parameters, as for :func:`kkmgpu.fit`.
+    tile_rows : int, optional
+        Rows per kernel tile on the workers (default: from each worker's free memory).
+    keep_features : bool, default=False
+        Gather the n x d prepared features to the client and keep them in the result, which
+        :func:`kkmgpu.predict` needs; off by default because they may not fit the client.
+    client : distributed.Client, optional
+        Default: the current client (``distributed.default_client()``).
+
+    Returns
+    -------
+    KernelKMeansResult
+        ``device`` is the workers' device ("cpu" or "cuda:0"); ``method_params`` adds the number of
+        workers and the row bounds of their blocks.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For invalid data or parameters; the message names the value and the rule.
+
+    Examples
+    --------
+    >>> import dask.array as da, kkmgpu, kkmgpu.dask
+    >>> from distributed import Client, LocalCluster
+    >>> X, y = kkmgpu.datasets.make_two_circles(200, random_state=0)
+    >>> with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \\
+    ...         Client(cluster) as client:
+    ...     result = kkmgpu.dask.fit(da.from_array(X, chunks=50), 2, gamma=5.0, device="cpu", random_state=0,
+    ...                              n_init=10, client=client)
+    >>> float(kkmgpu.metrics.nmi(y, result.labels))
+    1.0
+    """
+    t_start = time.perf_counter()
+    client = client or default_client()
+    dt = _validation.check_dtype(dtype)
+    ct = _validation.compute_dtype(dt)
+    if method not in ("exact", "cats"):
+        raise ValueError(f"method={method!r} is not available in kkmgpu.dask; use 'exact' or 'cats'.")
+    max_iter, tol, n_init = _validation.check_params(method=method, max_iter=max_iter, tol=tol, n_init=n_init,
+                                                     init=init, update=update)
+    if not isinstance(tf32, bool):
+        raise TypeError(f"tf32={tf32!r} must be True or False.")
+    if tile_rows is not None:
+        tile_rows = _validation.check_int(tile_rows, "tile_rows", minimum=1)
+    if not isinstance(device, str) or device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not valid for kkmgpu.dask; use 'auto', 'cpu' or 'cuda' (each "
+                         "worker resolves it to its own device).")
+    rng = _validation.make_rng(random_state)
+    X = _check_dask_array(X)
+    n = X.shape[0]
+    k = _validation.check_k(k, n)
+    weights_h = _validation.check_sample_weight(sample_weight, n)
+    init, n_init = _validation.check_init(init, n, k, n_init)
+    if (weights_h > 0).sum() < k:
+        raise ValueError(f"only {(weights_h > 0).sum()} samples have a positive sample_weight; "
+                         f"at least k={k} are required.")
+    cats_params = _validation.check_cats_params(
+        method, n_samples_per_cluster=n_samples_per_cluster, window=window, theta=theta, rcond=rcond,
+        exact_objective=False, n=n, k=k, dtype=dt)
+    spec = _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params)
+    t_valid = time.perf_counter()
+
+    # one block of contiguous rows per worker; every worker gets all features once
+    addresses = sorted(client.scheduler_info()["workers"])
+    n_blocks = min(len(addresses), n)
+    addresses = addresses[:n_blocks]
+    bounds = np.linspace(0, n, n_blocks + 1).astype(np.int64)
+    parts = client.compute(X.to_delayed().ravel().tolist())
+    weights_f = client.scatter(weights_h, broadcast=True, hash=False)
+    blocks = []
+    for b, address in enumerate(addresses):
+        A_f = client.submit(_assemble, spec, ct, *parts, workers=[address], allow_other_workers=False, pure=False)
+        blocks.append(client.submit(_make_block, A_f, weights_f, spec, int(bounds[b]), int(bounds[b + 1]), device,
+                                    tile_rows, tf32, workers=[address], allow_other_workers=False, pure=False))
+    cluster = _Cluster(client, blocks, addresses, bounds)
+    info = cluster.gather(cluster.map(_block_info))
+    device_name = info[0][0]
+    diag_h = np.concatenate([i[1] for i in info])
+    total_diag = float(sum(i[2] for i in info))
+    del parts
+    t_prepared = time.perf_counter()
+    seeding = _SeedingRows(cluster, weights_h, diag_h)
+
+    runs, init_seconds = [], 0.0
+    for r in range(n_init):
+        t0 = time.perf_counter()
+        labels0 = initial_labels(init, n, k, rng, seeding)
+        init_seconds += time.perf_counter() - t0
+        restart = r if n_init > 1 else None
+        if method == "exact":
+            run = _lloyd(cluster, weights_h, total_diag, labels0, k, max_iter=max_iter, tol=tol, update=update,
+                         verbose=verbose, restart=restart)
+        else:
+            run = _cats_run(cluster, spec, ct, weights_h, diag_h, labels0, k, l=cats_params["l"], max_iter=max_iter,
+                            window=cats_params["window"], theta=cats_params["theta"], rcond=cats_params["rcond"],
+                            rng=rng, verbose=verbose, restart=restart)
+        runs.append(run)
+    best = min(runs, key=lambda run: run["objective"])
+    if not best["converged"]:
+        warnings.warn(f"kernel k-means did not converge in max_iter={max_iter} iterations; increase max_iter.",
+                      ConvergenceWarning, stacklevel=2)
+    if method == "exact" and best["n_distinct"] < k:
+        warnings.warn(f"Number of distinct clusters ({best['n_distinct']}) found smaller than n_clusters ({k}). "
+                      "Possibly due to duplicate points in X.", ConvergenceWarning, stacklevel=2)
+    features = None
+    if keep_features:
+        features = client.submit(_block_features, blocks[0], workers=[addresses[0]], pure=False).result()
+    t_end = time.perf_counter()
+    params = {"n_workers": n_blocks, "row_bounds": bounds.tolist(), "engine": "tiled" if method == "exact" else None,
+              "tf32": tf32}
+    if method == "cats":
+        params.update(cats_params)
+    labels = best["labels"].astype(np.int32)
+    return KernelKMeansResult(
+        labels=labels, objective=float(best["objective"]),
+        objective_history=np.asarray(best["history"], dtype=np.float64), n_iter=int(best["n_iter"]),
+        converged=bool(best["converged"]), n_clusters=k, method=method, kernel=spec.name,
+        kernel_params=spec.resolved_params, device=device_name, dtype=dt.name,
+        timings={"validation": t_valid - t_start, "kernel_build": t_prepared - t_valid, "init": init_seconds,
+                 "iterations": float(sum(run["seconds"] for run in runs)), "total": t_end - t_start},
+        cluster_sizes=np.asarray(best["sizes"], dtype=np.float64), n_init=n_init,
+        objectives=np.array([run["objective"] for run in runs], dtype=np.float64), sample_weight=weights_h,
+        exact_objective=float(best["objective"]) if method == "exact" else None, stop_reason=best["stop_reason"],
+        method_params=params, _spec=spec, _train_features=features, _train_labels=labels,
+        _train_weights=weights_h, _within=np.asarray(best.get("within", np.zeros(k)), dtype=np.float64), _n_train=n,
+        _cats_state=best.get("state"))

@@ -1,0 +1,558 @@
+"""The Off-the-grid bandwidth search (papers/off-the-grid-bandwidth-search.txt) against float64 references.
+
+- critical_bandwidth's bracket against a dense brute-force sweep of sigma' (one assignment step each), on
+  random sets and a shape set; the bracket's width in the exponent; binary search within its precision;
+- Theorem 1: no point moves below bandwidth_lower_bound, from random partitions (k small and k ~ n), and
+  the paper's tight example of §4 moves just above it;
+- the fused updates (offgrid_step) against exp(-D / sigma') in float32 and float64; fast_power within
+  Theorem 2's (1 +- eps);
+- limited checks give the full checks' answers;
+- search_bandwidth on two circles: a clustering with NMI 1.0, all clusterings distinct fixed points of
+  kernel k-means at their sigma (independent float64 check); fit(gamma="search"), the estimator, predict;
+- the baselines (grid, MKNN), the polynomial degree search, and the validation errors.
+"""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from conftest import SHAPES_DIR
+
+import kkmgpu
+from kkmgpu import _backend, _offgrid
+from kkmgpu.bandwidth import _canonical
+
+
+def host(a):
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def sq_distances(X):
+    X = np.asarray(X, dtype=np.float64)
+    D = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(D, 0.0)
+    return D
+
+
+def one_step_moves(D, labels, sigma, weights=None):
+    """Indices that one kernel k-means assignment step moves, K = exp(-D / sigma), plain float64 (Eq. 2)."""
+    labels = np.asarray(labels)
+    n = labels.size
+    k = int(labels.max()) + 1
+    w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
+    K = np.exp(-D / sigma)
+    Y = np.zeros((n, k))
+    Y[np.arange(n), labels] = w
+    S = K @ Y
+    sizes = Y.sum(0)
+    C = (Y * S).sum(0)
+    nonempty = sizes > 0
+    safe = np.where(nonempty, sizes, 1.0)
+    dist = np.where(nonempty, 1.0 - 2.0 * S / safe + C / safe**2, np.inf)
+    return np.flatnonzero(dist.argmin(1) != labels)
+
+
+def converged_labels(X, k, sigma, seed):
+    """A fixed point of float64 kernel k-means at sigma from a random partition."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
+        r = kkmgpu.fit(X, k, gamma=1.0 / sigma, init="random", n_init=1, random_state=seed, dtype="float64",
+                       device="cpu", tol=0.0)
+    return host(r.labels)
+
+
+def first_move_on_grid(D, labels, lo, hi, n_points=400):
+    """(last grid sigma' without a move, first with one) on a geometric grid over [lo, hi]."""
+    grid = np.geomspace(lo, hi, n_points)
+    previous = lo
+    for g in grid:
+        if one_step_moves(D, labels, g).size:
+            return previous, g
+        previous = g
+    return previous, math.inf
+
+
+def random_set(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(30, 70))
+    k = int(rng.integers(2, 5))
+    X = rng.normal(size=(n, 2)) * rng.uniform(0.1, 10.0)
+    D = sq_distances(X)
+    sigma = float(np.percentile(D[np.triu_indices(n, 1)], rng.uniform(2.0, 20.0)))
+    return X, D, k, sigma
+
+
+def assert_bracket_matches_sweep(D, labels, cb, depth):
+    assert math.isfinite(cb.upper) and cb.lower < cb.upper
+    assert one_step_moves(D, labels, cb.lower).size == 0       # no move at lower (exact exp, float64)
+    assert one_step_moves(D, labels, cb.upper).size > 0        # a move at upper
+    np.testing.assert_array_equal(np.sort(cb.moved), one_step_moves(D, labels, cb.upper))
+    # the dyadic level: base / lower - base / upper = 2^-depth, and base = sigma 2^m
+    assert cb.base_sigma / cb.lower - cb.base_sigma / cb.upper == pytest.approx(2.0 ** -depth, rel=1e-9)
+    assert cb.exponent_lower - cb.exponent_upper == pytest.approx(2.0 ** -depth, rel=1e-12)
+    # the brute-force critical value (first moving sigma' of a dense sweep) lies in the bracket
+    last_still, first_moving = first_move_on_grid(D, labels, cb.base_sigma, cb.upper)
+    assert first_moving >= cb.lower * (1 - 1e-12)
+    assert last_still <= cb.upper
+
+
+# --- Algorithm 2 against brute force -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_critical_bandwidth_matches_dense_sweep(device, seed):
+    X, D, k, sigma = random_set(seed)
+    labels = converged_labels(X, k, sigma, seed)
+    assert one_step_moves(D, labels, sigma).size == 0
+    depth = [6, 8, 10, 12][seed]
+    cb = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=depth, device=device)
+    assert cb.reason == "" and cb.sigma == cb.upper
+    assert cb.n_steps >= depth and cb.n_full_checks >= 1
+    assert_bracket_matches_sweep(D, labels, cb, depth)
+    # binary search (§7.3) lands in the same place within its precision
+    bs = kkmgpu.binary_search_critical_bandwidth(X, labels, sigma=sigma, precision=1e-6 * sigma, device=device)
+    assert bs.upper - bs.lower <= 1e-6 * sigma
+    assert one_step_moves(D, labels, bs.lower).size == 0 and one_step_moves(D, labels, bs.upper).size > 0
+    assert cb.lower <= bs.upper and bs.lower <= cb.upper
+
+
+@pytest.mark.skipif(not (SHAPES_DIR / "jain.csv").is_file(), reason="shared shape sets not found")
+def test_critical_bandwidth_on_a_shape_set(device):
+    X, _ = kkmgpu.datasets.load_shape_set("jain")
+    D = sq_distances(X)
+    sigma = float(np.percentile(D[np.triu_indices(len(X), 1)], 1.0))
+    labels = converged_labels(X, 2, sigma, 0)
+    cb = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=7, device=device)
+    assert_bracket_matches_sweep(D, labels, cb, 7)
+    # the same walk from the kernel matrix instead of X
+    K = np.exp(-D / sigma)
+    cbk = kkmgpu.critical_bandwidth(K=K, labels=labels, sigma=sigma, depth=7, device=device)
+    assert (cbk.lower, cbk.upper) == pytest.approx((cb.lower, cb.upper), rel=1e-12)
+
+
+def test_float32_walk_brackets_the_same_value(device):
+    X, D, k, sigma = random_set(5)
+    labels = converged_labels(X, k, sigma, 5)
+    c64 = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=8, device=device)
+    c32 = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=8, device=device, dtype="float32")
+    assert (c32.lower, c32.upper) == pytest.approx((c64.lower, c64.upper), rel=1e-12)
+
+
+def test_not_a_fixed_point_and_single_cluster(device):
+    X, D, k, sigma = random_set(7)
+    labels = np.arange(len(X)) % k                            # arbitrary: points move at sigma already
+    assert one_step_moves(D, labels, sigma).size
+    with pytest.warns(UserWarning, match="not a fixed point"):
+        cb = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, device=device)
+    assert (cb.lower, cb.upper) == (0.0, sigma) and cb.moved.size
+    cb = kkmgpu.critical_bandwidth(X, np.zeros(len(X), int), sigma=sigma, device=device)
+    assert cb.upper == math.inf and "single" in cb.reason
+
+
+def test_cap_reports_inf(device):
+    # two well separated pairs split 2 / 2: a fixed point for every sigma (plain k-means included)
+    X = np.array([[0.0, 0.0], [0.1, 0.0], [10.0, 0.0], [10.1, 0.0]])
+    D = sq_distances(X)
+    cb = kkmgpu.critical_bandwidth(X, [0, 0, 1, 1], sigma=0.01, depth=4, device=device)
+    assert cb.upper == math.inf and cb.sigma == math.inf and "plain k-means" in cb.reason
+    for s in cb.lower * np.array([1.0, 2.0, 8.0]):
+        assert one_step_moves(D, [0, 0, 1, 1], s).size == 0
+    # from K alone (no features for the linear-regime bound): doubling until K is all ones to precision
+    cb = kkmgpu.critical_bandwidth(K=np.exp(-D / 2).astype(np.float32), labels=[0, 0, 1, 1], sigma=2.0, depth=4,
+                                   device=device)
+    assert cb.upper == math.inf and "all ones to float32" in cb.reason
+    threshold = D.max() / math.sqrt(np.finfo(np.float32).eps)          # max D / sigma < sqrt(eps) beyond it
+    assert threshold < cb.lower <= 2 * threshold
+    cb = kkmgpu.critical_bandwidth(X, [0, 0, 1, 1], sigma=0.01, max_sigma=1.0, device=device)
+    assert cb.upper == math.inf and "max_sigma" in cb.reason and cb.lower <= 1.0
+
+
+def test_linear_regime_bound(device):
+    """Beyond linear_regime_sigma no point moves (a strict plain k-means fixed point); None otherwise."""
+    backend = _backend.resolve_device(device)
+    rng = np.random.default_rng(8)
+    X = np.concatenate([rng.normal(size=(25, 2)) + [4, 0], rng.normal(size=(25, 2)) - [4, 0],
+                        rng.normal(size=(25, 2)) + [0, 5]])
+    D = sq_distances(X)
+    r = kkmgpu.fit(X, 3, kernel="linear", init="random", n_init=5, random_state=0, device="cpu", dtype="float64")
+    labels = host(r.labels)
+    A = backend.asarray(X - X.mean(0))
+    lab = backend.asarray(labels.astype(np.int32))
+    w = backend.asarray(np.ones(len(X)))
+    bound = _offgrid.linear_regime_sigma(A, lab, w, 3, backend)
+    assert bound is not None and bound > D.max()
+    for s in bound * np.array([1.0, 3.0, 10.0]):
+        assert one_step_moves(D, labels, s).size == 0
+    swapped = labels.copy()
+    swapped[np.flatnonzero(labels == 0)[:3]] = 1                     # not a plain k-means fixed point
+    assert _offgrid.linear_regime_sigma(A, backend.asarray(swapped.astype(np.int32)), w, 3, backend) is None
+
+
+def test_underflowed_entries_are_rebuilt_from_X(device):
+    # blob B (5 points) sits with the far blob C in cluster 1, 1 away from blob A (cluster 0). At sigma = 0.002
+    # the A-B kernel values exp(-500) underflow in float32; the critical value is ~400 times larger, where
+    # they decide the move of B to A
+    rng = np.random.default_rng(3)
+    X = np.concatenate([rng.normal(size=(15, 2)) * 0.05, rng.normal(size=(5, 2)) * 0.05 + [0.0, 1.0],
+                        rng.normal(size=(20, 2)) * 0.05 + [3.0, 0.0]])
+    D = sq_distances(X)
+    sigma = 0.002
+    labels = np.r_[np.zeros(15, int), np.ones(25, int)]
+    assert one_step_moves(D, labels, sigma).size == 0
+    cb = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=6, dtype="float32", device=device)
+    assert cb.n_rebuilds >= 1 and cb.upper > 100 * sigma
+    assert_bracket_matches_sweep(D, labels, cb, 6)
+    assert set(cb.moved) <= set(range(15, 20))
+    with pytest.warns(UserWarning, match="smallest normal float32"):
+        kkmgpu.critical_bandwidth(K=np.exp(-D / sigma).astype(np.float32), labels=labels, sigma=sigma, depth=6,
+                                  device=device)
+
+
+# --- Theorem 1 ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,k", [(5, 2), (30, 3), (30, 29), (30, 30), (120, 4), (120, 110)])
+def test_no_point_moves_below_the_lower_bound(device, n, k):
+    rng = np.random.default_rng(n * 1000 + k)
+    X = rng.normal(size=(n, 3)) * rng.uniform(0.01, 100.0)
+    bound = kkmgpu.bandwidth_lower_bound(X, device=device)
+    D = sq_distances(X)
+    d_min = D[np.triu_indices(n, 1)].min()
+    assert bound == pytest.approx(d_min / math.log(3 * n), rel=1e-10)
+    for trial in range(3):
+        labels = rng.integers(0, k, n)
+        labels[rng.permutation(n)[:k]] = np.arange(k)       # no empty cluster
+        for sigma in (bound, bound * 0.3):
+            assert one_step_moves(D, labels, sigma).size == 0
+        r = kkmgpu.fit(X, k, gamma=1.0 / bound, init=labels, device=device, dtype="float64")
+        np.testing.assert_array_equal(host(r.labels), labels)
+        assert r.stop_reason == "no point moved" and r.n_iter == 1
+
+
+def tight_example(m, eps=1.0):
+    """§4's instance: pi_1 (m points) and y pairwise at eps; pi_2 \\ {y} pairwise eps, 2 eps from y."""
+    dim = 2 * m + 1
+    points = []
+    for i in range(m + 1):                                   # pi_1 and y: a regular simplex
+        v = np.zeros(dim)
+        v[i] = math.sqrt(eps / 2)
+        points.append(v)
+    for j in range(m - 1):
+        v = np.zeros(dim)
+        v[m + 1 + j] = math.sqrt(eps / 2)
+        v[-1] = math.sqrt(eps)
+        points.append(v)
+    return np.array(points), np.r_[np.zeros(m, int), np.ones(m, int)]
+
+
+@pytest.mark.parametrize("m", [10, 40])
+def test_tight_example_moves_just_above_the_bound(device, m):
+    X, labels = tight_example(m)
+    n = 2 * m
+    D = sq_distances(X)
+    bound = kkmgpu.bandwidth_lower_bound(X, device=device)
+    assert bound == pytest.approx(1.0 / math.log(3 * n), rel=1e-9)
+    assert one_step_moves(D, labels, bound).size == 0
+    above = 1.0 / math.log(n / 3)                            # the paper's sigma = eps / log(n / 3)
+    np.testing.assert_array_equal(one_step_moves(D, labels, above), [m])   # y switches to pi_1
+    cb = kkmgpu.critical_bandwidth(X, labels, sigma=bound, depth=10, device=device)
+    assert bound < cb.lower < cb.upper <= above
+    np.testing.assert_array_equal(cb.moved, [m])
+
+
+def test_lower_bound_duplicates_and_errors(device):
+    X = np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [3.0, 0.0]])
+    with pytest.warns(UserWarning, match="2 duplicated points"):
+        bound = kkmgpu.bandwidth_lower_bound(X, device=device)
+    assert bound == pytest.approx(1.0 / math.log(12.0))
+    with pytest.raises(ValueError, match="coincides"):
+        kkmgpu.bandwidth_lower_bound(np.ones((3, 2)), device=device)
+    with pytest.raises(ValueError, match="at least 2"):
+        kkmgpu.bandwidth_lower_bound(np.ones((1, 2)), device=device)
+    # near-duplicates far from the origin: the GEMM form alone would round their distance away
+    Y = np.array([[1e4, 1e4], [1e4 + 1e-3, 1e4], [1e4 + 5.0, 1e4]])
+    assert kkmgpu.bandwidth_lower_bound(Y, device=device) == pytest.approx(1e-6 / math.log(9.0), rel=1e-6)
+
+
+# --- the fused updates and Algorithm 1 -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_fused_updates_equal_exp(device, dtype, rtol):
+    backend = _backend.resolve_device(device)
+    xp = backend.xp
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(50, 3))
+    D = sq_distances(X)
+    sigma = 0.5
+    K = backend.asarray(np.exp(-D / sigma), dtype=dtype)
+    Kp = K.copy()
+    e = 1.0
+    for j in range(1, 13):
+        divide = bool(rng.integers(0, 2)) or j == 1
+        backend.ops.offgrid_step(K, Kp, divide)
+        e = e - 2.0 ** -j if divide else e + 2.0 ** -j
+        expected = np.exp(-D * e / sigma)
+        got = host(K).astype(np.float64)
+        big = expected > 1e-30
+        np.testing.assert_allclose(got[big], expected[big], rtol=rtol)
+        np.testing.assert_allclose(host(Kp).astype(np.float64), np.exp(-D * 2.0 ** -j / sigma), rtol=rtol)
+    assert isinstance(K, xp.ndarray)
+
+
+def test_walk_leaves_the_kernel_at_upper(device):
+    """After a walk K holds K_upper = exp(-D / upper) (what kernel k-means runs on next)."""
+    X, D, k, sigma = random_set(2)
+    labels = converged_labels(X, k, sigma, 2)
+    backend = _backend.resolve_device(device)
+    order = np.argsort(labels, kind="stable")
+    Xo, lo = X[order], labels[order]
+    K = backend.asarray(np.exp(-sq_distances(Xo) / sigma))
+    Kp = K.copy()
+    question = _offgrid.OneStepQuestion(backend, backend.asarray(lo.astype(np.int32)),
+                                        backend.asarray(np.ones(len(X))), k, limited=True)
+    info = _offgrid.BaseInfo(sigma, 0, float(host(K).min()))
+    out = _offgrid.walk_rbf(K, Kp, question, sigma, 9, backend, info=info)
+    upper = out.base / out.e_upper
+    np.testing.assert_allclose(host(K), np.exp(-sq_distances(Xo) / upper), rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_power_within_theorem_2(device, seed):
+    backend = _backend.resolve_device(device)
+    rng = np.random.default_rng(seed)
+    b = np.exp(rng.uniform(-8, 8, size=(40, 30)))
+    for p, depth in [(rng.uniform(0.05, 1.0), int(rng.integers(1, 14))),
+                     (rng.uniform(1.0, 12.0), int(rng.integers(1, 14))), (3.0, 1), (2.75, 2)]:
+        r = kkmgpu.fast_power(backend.asarray(b), p, depth)
+        assert type(r) is type(backend.asarray(b))
+        log_err = np.abs(np.log(host(r)) - p * np.log(b))
+        bound = 2.0 ** -depth * np.abs(np.log(b)) + 1e-12 * (1 + p * np.abs(np.log(b)))
+        assert np.all(log_err <= bound)
+        eps = np.exp(2.0 ** -depth * np.abs(np.log(b))) - 1.0            # Theorem 2's (1 +- eps)
+        ratio = host(r) / b ** p
+        assert np.all(ratio <= 1 + eps + 1e-12) and np.all(ratio >= 1 - eps - 1e-12)
+    # a dyadic exponent is exact; 1-D input and integer input take the plain path
+    np.testing.assert_allclose(host(kkmgpu.fast_power(backend.asarray(b[0]), 1.625, 3)), b[0] ** 1.625, rtol=1e-13)
+    np.testing.assert_allclose(kkmgpu.fast_power([2, 3], 2.5, 1), [2 ** 2.5, 3 ** 2.5], rtol=1e-14)
+
+
+# --- limited checks ---------------------------------------------------------------------------------------------
+
+def test_limited_checks_answer_like_full_checks(device, monkeypatch):
+    monkeypatch.setattr(_offgrid, "LIMITED_CHECK_MAX_COST", 1e9)   # use them even where they would not pay
+    backend = _backend.resolve_device(device)
+    for seed in range(2):
+        X, D, k, sigma = random_set(20 + seed)
+        labels = converged_labels(X, k, sigma, seed)
+        with_limited = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=10, device=device)
+        without = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=10, device=device, limit_checks=False)
+        assert (with_limited.lower, with_limited.upper) == (without.lower, without.upper)
+        assert with_limited.n_limited_checks > 0 and without.n_limited_checks == 0
+        np.testing.assert_array_equal(with_limited.moved, without.moved)
+        # question by question, over a sweep of bandwidths
+        order = np.argsort(labels, kind="stable")
+        lo = labels[order]
+        Do = D[np.ix_(order, order)]
+        question = _offgrid.OneStepQuestion(backend, backend.asarray(lo.astype(np.int32)),
+                                            backend.asarray(np.ones(len(X))), k, limited=True)
+        assert question.limited
+        for s in np.geomspace(sigma, 8 * sigma, 15):
+            K = backend.asarray(np.exp(-Do / s))
+            n_full, moved_full = question.full(K)
+            limited = question.limited_check(K)
+            if limited is not None:
+                assert n_full > 0 and set(host(limited)) <= set(host(moved_full))
+            assert (n_full > 0) == (one_step_moves(Do, lo, s).size > 0)
+
+
+# --- the search of §7.1 ------------------------------------------------------------------------------------------
+
+def test_search_bandwidth_two_circles(device):
+    X, y = kkmgpu.datasets.make_two_circles(200, factor=0.3, random_state=0)
+    res = kkmgpu.search_bandwidth(X, 2, y_true=y, random_state=0, device=device)
+    assert res.method == "offgrid" and len(res.clusterings) >= 3
+    assert max(c.nmi for c in res.clusterings) == pytest.approx(1.0)
+    keys = [_canonical(c.labels).tobytes() for c in res.clusterings]
+    assert len(set(keys)) == len(keys)                              # every clustering distinct
+    D = sq_distances(X)
+    for c in res.clusterings:                                      # a fixed point of kernel k-means at its sigma
+        assert c.gamma == pytest.approx(1.0 / c.sigma)
+        assert one_step_moves(D, c.labels, c.sigma).size == 0
+        assert c.cnnc == pytest.approx(kkmgpu.metrics.cnnc(X, c.labels, 2, device="cpu"), rel=1e-9)
+        assert c.objective == pytest.approx(kkmgpu.metrics.kernel_kmeans_objective(np.exp(-D / c.sigma), c.labels),
+                                            rel=1e-9)
+    best = res.best
+    assert best.cnnc == min(c.cnnc for c in res.clusterings)
+    values = [e["value"] for e in res.evaluations if e["depth"] == 1]
+    assert values == sorted(values)                                # the main path walks upwards
+    assert res.evaluations[0]["value"] == pytest.approx(np.percentile(D[np.triu_indices(200, 1)], 1.0))
+    assert {e["depth"] for e in res.evaluations} >= {0, 1, 2}
+    assert res.costs["fused_steps"] >= len(res.brackets) and res.n_kernel_passes > 0
+    assert best.nmi == pytest.approx(1.0)                          # c-NNC picks the two rings here
+    assert "*" in res.summary() and "c-NNC" in res.summary()
+
+
+def test_search_options_and_plot(device):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    X, y = kkmgpu.datasets.make_two_circles(120, factor=0.3, random_state=1)
+    res = kkmgpu.search_bandwidth(X, 2, sigma0="bound", depth=2, refine_depth=2, init="k-means++", max_values=6,
+                                  random_state=0, device=device, dtype="float32",
+                                  sample_weight=np.linspace(0.5, 2.0, 120))
+    assert len(res.evaluations) <= 6 and res.dtype == "float32"
+    assert res.start == pytest.approx(kkmgpu.bandwidth_lower_bound(X, device="cpu"))
+    assert all(c.nmi is None for c in res.clusterings)
+    ax = res.plot()
+    assert ax.get_xscale() == "log"
+    res = kkmgpu.search_bandwidth(X, 2, sigma0=0.05, refine_depth=0, max_values=3, random_state=0, device=device)
+    assert res.start == 0.05 and all(e["depth"] <= 1 for e in res.evaluations)
+
+
+def test_fit_with_gamma_search(device):
+    X, y = kkmgpu.datasets.make_two_circles(120, factor=0.3, random_state=2)
+    r = kkmgpu.fit(X, 2, gamma="search", init="random", random_state=0, device=device, dtype="float64")
+    search = r.method_params["bandwidth_search"]
+    assert isinstance(search, kkmgpu.BandwidthSearchResult)
+    assert r.kernel_params["gamma"] == pytest.approx(search.best.gamma)
+    assert r.method_params["sigma"] == pytest.approx(1.0 / r.kernel_params["gamma"])
+    assert _canonical(host(r.labels)).tobytes() == _canonical(search.best.labels).tobytes()
+    np.testing.assert_array_equal(kkmgpu.predict(r, X), host(r.labels))
+    model = kkmgpu.KernelKMeans(2, gamma="search", init="random", random_state=0, device=device, dtype="float64")
+    np.testing.assert_array_equal(model.fit_predict(X), host(r.labels))
+    with pytest.raises(ValueError, match="kernel='rbf'"):
+        kkmgpu.fit(X, 2, kernel="polynomial", gamma="search", device=device)
+    with pytest.raises(ValueError, match="method='exact'"):
+        kkmgpu.fit(X, 2, gamma="search", method="cats", device=device)
+
+
+# --- baselines and the polynomial degree -------------------------------------------------------------------------
+
+def test_grid_and_mknn_baselines(device):
+    from scipy.spatial import cKDTree
+
+    X, y = kkmgpu.datasets.make_two_circles(100, factor=0.3, random_state=3)
+    grid = kkmgpu.search_grid(X, 2, y_true=y, random_state=0, device=device)
+    assert grid.method == "grid" and [e["value"] for e in grid.evaluations] == [10.0 ** e for e in range(-6, 7)]
+    assert len({e["clustering"] for e in grid.evaluations}) == len(grid.clusterings)
+    mknn = kkmgpu.search_mknn(X, 2, y_true=y, random_state=0, device=device)
+    J = int(2 * (math.log(100) + 1))
+    d, _ = cKDTree(X).query(X, k=J + 1)
+    expected = 2.0 * d[:, 1:].mean(axis=0) ** 2                  # sigma = 2 s^2, s the mean j-th NN distance
+    np.testing.assert_allclose([e["value"] for e in mknn.evaluations], expected, rtol=1e-9)
+    # the same initial partition for every value and method (same seed)
+    np.testing.assert_array_equal(grid.initial_labels, mknn.initial_labels)
+    for res in (grid, mknn):
+        D = sq_distances(X)
+        for e in res.evaluations:
+            c = res.clusterings[e["clustering"]]
+            assert c.cnnc >= 0 and 0 <= c.nmi <= 1
+        assert res.best.cnnc == min(c.cnnc for c in res.clusterings)
+
+
+def test_polynomial_degree_search(device):
+    rng = np.random.default_rng(4)
+    X = np.concatenate([rng.normal(size=(30, 2)) * 0.3 + [2, 0], rng.normal(size=(30, 2)) * 0.3 + [0, 2]])
+    res = kkmgpu.search_polynomial_degree(X, 2, coef0=2.0, gamma=0.5, max_degree=16, random_state=0, device=device)
+    assert res.method == "polynomial-degree" and res.parameter == "degree"
+    degrees = [e["value"] for e in res.evaluations]
+    assert degrees[0] == 1 and degrees == sorted(degrees) and all(d == int(d) for d in degrees)
+    for (lower, upper, _), d in zip(res.brackets, degrees[1:]):
+        assert lower < upper <= d
+    G = 0.5 * X @ X.T + 2.0
+    for c in res.clusterings:                               # fixed points at their (integer) degree
+        K = G ** c.degree
+        labels = c.labels
+        Y = np.eye(2)[labels]
+        S = K @ Y
+        sizes = Y.sum(0)
+        dist = np.diag(K)[:, None] - 2 * S / sizes + (Y * S).sum(0) / sizes**2
+        assert np.all(dist.argmin(1) == labels)
+    with pytest.raises(ValueError, match="larger coef0"):
+        kkmgpu.search_polynomial_degree(X - X.mean(0), 2, coef0=0.0, device=device)
+
+
+# --- validation -----------------------------------------------------------------------------------------------------
+
+def test_validation_errors(device):
+    X, D, k, sigma = random_set(9)
+    labels = converged_labels(X, k, sigma, 9)
+    cb = kkmgpu.critical_bandwidth
+    with pytest.raises(ValueError, match="depth=0 must be >= 1"):
+        cb(X, labels, sigma=sigma, depth=0, device=device)
+    with pytest.raises(ValueError, match="depth=60 must be <= 52"):
+        cb(X, labels, sigma=sigma, depth=60, device=device)
+    with pytest.raises(TypeError, match="depth"):
+        cb(X, labels, sigma=sigma, depth=2.5, device=device)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="sigma="):
+            cb(X, labels, sigma=bad, device=device)
+    with pytest.raises(ValueError, match="one label per sample"):
+        cb(X, labels[:-1], sigma=sigma, device=device)
+    with pytest.raises(ValueError, match="integer cluster indices"):
+        cb(X, labels + 0.5, sigma=sigma, device=device)
+    with pytest.raises(ValueError, match=">= 0"):
+        cb(X, labels - 1, sigma=sigma, device=device)
+    with pytest.raises(ValueError, match="labels are required"):
+        cb(X, sigma=sigma, device=device)
+    with pytest.raises(ValueError, match="exactly one of X"):
+        cb(X, labels, K=np.exp(-D / sigma), sigma=sigma, device=device)
+    with pytest.raises(ValueError, match="exactly one of X"):
+        cb(labels=labels, sigma=sigma, device=device)
+    with pytest.raises(ValueError, match="float16"):
+        cb(X, labels, sigma=sigma, dtype="float16", device=device)
+    K = np.exp(-D / sigma)
+    with pytest.raises(ValueError, match="diagonal must be 1"):
+        cb(K=K * 0.9, labels=labels, sigma=sigma, device=device)
+    with pytest.raises(ValueError, match=r"lie in \[0, 1\]"):
+        cb(K=K - 0.5 * (1 - np.eye(len(K))), labels=labels, sigma=sigma, device=device)
+    asym = K.copy()
+    asym[0, 1] += 0.1
+    with pytest.raises(ValueError, match="symmetric"):
+        cb(K=asym, labels=labels, sigma=sigma, device=device)
+    with pytest.raises(ValueError, match="square"):
+        cb(K=K[:, :-1], labels=labels, sigma=sigma, device=device)
+    with pytest.raises(ValueError, match="precision="):
+        kkmgpu.binary_search_critical_bandwidth(X, labels, sigma=sigma, precision=0, device=device)
+    with pytest.raises(ValueError, match="sigma_max"):
+        kkmgpu.binary_search_critical_bandwidth(X, labels, sigma=sigma, sigma_max=sigma / 2, device=device)
+    with pytest.raises(ValueError, match="values <= 0"):
+        kkmgpu.fast_power(np.array([1.0, 0.0]), 0.5, 3)
+    with pytest.raises(ValueError, match="p="):
+        kkmgpu.fast_power(np.array([1.0, 2.0]), 0.0, 3)
+    with pytest.raises(ValueError, match="depth=0"):
+        kkmgpu.fast_power(np.array([1.0, 2.0]), 0.5, 0)
+    with pytest.raises(ValueError, match="sigma0="):
+        kkmgpu.search_bandwidth(X, 2, sigma0="median", device=device)
+    with pytest.raises(ValueError, match="sigma0="):
+        kkmgpu.search_bandwidth(X, 2, sigma0=-1.0, device=device)
+    with pytest.raises(ValueError, match="k=100"):
+        kkmgpu.search_bandwidth(X, 100, device=device)
+    with pytest.raises(ValueError, match="init="):
+        kkmgpu.search_bandwidth(X, 2, init="kmeans", device=device)
+    with pytest.raises(ValueError, match="y_true"):
+        kkmgpu.search_bandwidth(X, 2, y_true=np.zeros(3), device=device)
+    with pytest.raises(ValueError, match="max_values"):
+        kkmgpu.search_bandwidth(X, 2, max_values=0, device=device)
+    with pytest.raises(ValueError, match="sigma="):
+        kkmgpu.search_grid(X, 2, sigmas=[1.0, -1.0], device=device)
+
+
+def test_memory_check(device, monkeypatch):
+    backend = _backend.resolve_device(device)
+    X, _, k, sigma = random_set(1)
+    labels = converged_labels(X, k, sigma, 1)
+    n = len(X)
+    monkeypatch.setattr(type(backend), "available_bytes", lambda self: n * n * 8)   # room for one matrix only
+    with pytest.raises(kkmgpu.InsufficientMemoryError, match="K and K'"):
+        kkmgpu.critical_bandwidth(X, labels, sigma=sigma, device=device)
+
+
+def test_cli_gamma_search(tmp_path, capsys):
+    from kkmgpu.cli import main
+
+    X, _ = kkmgpu.datasets.make_two_circles(80, factor=0.3, random_state=0)
+    np.save(tmp_path / "x.npy", X)
+    assert main(["fit", str(tmp_path / "x.npy"), "-k", "2", "--gamma", "search", "--device", "cpu", "--seed",
+                 "0", "--dtype", "float64"]) == 0
+    out = capsys.readouterr().out
+    assert "bandwidth search" in out and "lowest c-NNC" in out

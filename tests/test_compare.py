@@ -1,0 +1,145 @@
+"""The comparison harness (kkmgpu.compare, ``kkmgpu compare``, bench/compare.py) on tiny inputs.
+
+- the CLI writes the Markdown, CSV, JSON and PNG outputs, and the numbers in them are scikit-learn's metrics of
+  the partition an independent scikit-learn run produces;
+- the two scenarios give one row per point, seed and method, summarised as mean and standard deviation;
+- a missing optional package or a kkmgpu feature that has not landed is skipped with a message, not a crash;
+- unknown names are usage errors; undefined metrics are NaN with a note.
+"""
+
+import csv
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kkmgpu
+from kkmgpu import compare
+from kkmgpu.cli import main
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+sk_metrics = pytest.importorskip("sklearn.metrics", reason="the comparison's baselines need scikit-learn")
+sk_cluster = pytest.importorskip("sklearn.cluster", reason="the comparison's baselines need scikit-learn")
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_cli_writes_every_output_with_scikit_learn_numbers(tmp_path, shared_data_dir, capsys):
+    status = main(["compare", "--datasets", "flame", "--methods", "kkmgpu-exact,kkmgpu-eigen,sklearn-kmeans",
+                   "--no-scenarios", "--out", str(tmp_path), "--prefix", "tiny", "--device", "cpu", "--quiet",
+                   "--data-dir", str(shared_data_dir)])
+    assert status == 0
+    for suffix in (".md", ".csv", ".json", "-datasets.png", "-shapes.png"):
+        assert (tmp_path / f"tiny{suffix}").stat().st_size > 0
+    assert "wrote" in capsys.readouterr().out
+
+    rows = {row["method"]: row for row in read_csv(tmp_path / "tiny.csv")}
+    assert set(rows) == {"kkmgpu-exact", "kkmgpu-eigen", "sklearn-kmeans"}
+    # the same standardised flame, clustered by scikit-learn itself with the harness's settings
+    X, y = kkmgpu.datasets.load_shape_set("flame", shared_data_dir / "shapes")
+    X = (X - X.mean(axis=0)) / X.std(axis=0)
+    labels = sk_cluster.KMeans(2, n_init=compare.N_INIT, random_state=0).fit(X).labels_
+    row = rows["sklearn-kmeans"]
+    assert float(row["nmi"]) == pytest.approx(sk_metrics.normalized_mutual_info_score(y, labels), rel=1e-9)
+    assert float(row["ari"]) == pytest.approx(sk_metrics.adjusted_rand_score(y, labels), rel=1e-9)
+    assert float(row["silhouette"]) == pytest.approx(sk_metrics.silhouette_score(X, labels), rel=1e-9)
+    assert float(row["calinski_harabasz"]) == pytest.approx(sk_metrics.calinski_harabasz_score(X, labels), rel=1e-9)
+    assert float(row["davies_bouldin"]) == pytest.approx(sk_metrics.davies_bouldin_score(X, labels), rel=1e-9)
+    assert float(row["sum_of_variances"]) == pytest.approx(
+        sk_cluster.KMeans(2, n_init=compare.N_INIT, random_state=0).fit(X).inertia_, rel=1e-6)
+    assert float(row["time_s"]) > 0
+    # with every eigenpair, the eigen route reaches the same kernel objective as the exact route here
+    assert float(rows["kkmgpu-eigen"]["kernel_objective"]) == pytest.approx(
+        float(rows["kkmgpu-exact"]["kernel_objective"]), rel=1e-4)
+
+    report = json.loads((tmp_path / "tiny.json").read_text())
+    assert report["schema"] == compare.SCHEMA
+    assert len(report["load_average_start"]) == 3 and report["environment"]["device"] == "cpu"
+    assert report["environment"]["numpy"] == np.__version__
+    text = (tmp_path / "tiny.md").read_text()
+    assert "| flame | 240 x 2, 2 |" in text and "## Every metric" in text
+
+
+def test_scenarios_rows_and_summary(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "QUICK_SCENARIO_N", {"sizes": (40, 80), "d": 3, "k": 2})
+    monkeypatch.setattr(compare, "QUICK_SCENARIO_D", {"dims": (2, 6, 12), "n": 60, "k": 3})
+    report = compare.run_comparison(dataset_names=[], method_names=["kkmgpu-exact", "sklearn-kmeans"], quick=True,
+                                    seeds=2, device="cpu", verbose=False)
+    rows = report["rows"]
+    assert len(rows) == (2 + 3) * 2 * 2
+    assert {(r["n"], r["d"]) for r in rows if r["section"] == "growing_n"} == {(40, 3), (80, 3)}
+    assert {(r["n"], r["d"]) for r in rows if r["section"] == "growing_d"} == {(60, 2), (60, 6), (60, 12)}
+    summary = compare.scenario_summary(rows, "growing_d")
+    runs = [r["silhouette"] for r in rows if r["section"] == "growing_d" and r["d"] == 6
+            and r["method"] == "sklearn-kmeans"]
+    mean, std = summary[(6, "sklearn-kmeans")]["silhouette"]
+    assert mean == pytest.approx(np.mean(runs)) and std == pytest.approx(np.std(runs))
+    paths = compare.write_outputs(report, tmp_path, "scen", verbose=False)
+    assert {p.name for p in paths} >= {"scen.md", "scen-scenario-n.png", "scen-scenario-d.png"}
+    assert "## Scenario: growing d at fixed n" in (tmp_path / "scen.md").read_text()
+
+
+def test_make_blobs():
+    X, y = compare.make_blobs(103, 4, 5, seed=1)
+    assert X.shape == (103, 4) and np.bincount(y).max() - np.bincount(y).min() <= 1
+    X2, y2 = compare.make_blobs(103, 4, 5, seed=1)
+    np.testing.assert_array_equal(X, X2)
+    centres = np.array([X[y == c].mean(axis=0) for c in range(5)])
+    assert np.all(np.abs(centres) < 10 + 3 * compare.BLOB_STD)
+
+
+def test_missing_package_and_missing_feature_are_skipped(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tslearn", None)  # import tslearn now raises ImportError
+    monkeypatch.setitem(sys.modules, "tslearn.clustering", None)
+    monkeypatch.delattr(kkmgpu, "search_bandwidth", raising=False)
+    report = compare.run_comparison(dataset_names=[], method_names=["tslearn-kernelkmeans", "kkmgpu-search",
+                                                                    "sklearn-kmeans"],
+                                    scenarios=False, device="cpu", verbose=False)
+    skipped = "\n".join(report["skipped"])
+    assert "method tslearn-kernelkmeans: tslearn is not installed" in skipped
+    assert "method kkmgpu-search: not available" in skipped
+    assert "Skipped:" in compare.markdown(report)
+
+
+def test_unavailable_data_set_is_skipped(tmp_path):
+    report = compare.run_comparison(dataset_names=["jain", "mnist-100"], method_names=["sklearn-kmeans"],
+                                    scenarios=False, device="cpu", data_dir=tmp_path, verbose=False)
+    assert report["rows"] == []
+    assert report["skipped"][0].startswith("data set jain: shape set 'jain' not found")
+    assert report["skipped"][1].startswith("data set mnist-100: MNIST files")
+    assert str(tmp_path) in report["skipped"][0] and "\n" not in report["skipped"][0]
+
+
+def test_unknown_names_are_usage_errors(capsys):
+    assert main(["compare", "--methods", "kkmgpu-magic", "--quiet"]) == 2
+    assert "unknown method(s) ['kkmgpu-magic']" in capsys.readouterr().err
+    assert main(["compare", "--datasets", "iris", "--quiet"]) == 2
+    assert "data set 'iris' is not known" in capsys.readouterr().err
+
+
+def test_undefined_metric_is_nan_with_a_note():
+    X, y = compare.make_blobs(30, 2, 2, seed=0)
+    values, notes = compare.evaluate(X, y, np.zeros(30, dtype=int), device="cpu")
+    assert math.isnan(values["silhouette"]) and math.isnan(values["kernel_objective"])
+    assert any(note.startswith("silhouette: ") for note in notes)
+    assert values["sum_of_variances"] == pytest.approx(((X - X.mean(axis=0)) ** 2).sum())
+
+
+def test_bench_script_uses_the_same_code(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_compare", REPO_ROOT / "bench" / "compare.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.default_prefix("cpu", "2026-11-22").startswith("2026-11-22-cpu-")
+    assert module.default_prefix("cpu", "2026-11-22").endswith("-compare")
+    assert module.main(["--datasets", "", "--methods", "sklearn-kmeans", "--no-scenarios", "--no-plots",
+                        "--out", str(tmp_path), "--prefix", "b", "--quiet", "--device", "cpu"]) == 0
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["environment"]["host"]["cpu_count"] >= 1

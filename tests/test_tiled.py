@@ -1,0 +1,381 @@
+"""The matrix-free tiled engine: its fused twins against a float64 reference, the operator against the
+reference cluster sums, and whole runs against the dense engine from the same initial labels."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kkmgpu
+import reference
+from conftest import cuda_skip_reason
+from kkmgpu import _kernels, _lloyd, _tiled
+from kkmgpu._backend import Backend, InsufficientMemoryError
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ["rbf", "polynomial", "sigmoid", "linear", "laplacian", "callable"]
+PARAMS = {"rbf": dict(gamma=0.15), "laplacian": dict(gamma=0.4), "polynomial": dict(gamma=0.2, degree=3, coef0=1.0),
+          "sigmoid": dict(gamma=0.05, coef0=0.3), "linear": {}, "callable": {}}
+#: tolerances of float64 results against the float64 reference, and of float32 ones
+TOL = {np.float64: dict(rtol=1e-10, atol=1e-10), np.float32: dict(rtol=2e-5, atol=2e-5)}
+
+
+def _callable_kernel(A, B):
+    """A PSD kernel given as a callable: (<a, b> / 4 + 1)^2 (written with the array's own operators)."""
+    return (A @ B.T / 4.0 + 1.0) ** 2
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request):
+    if request.param == "cuda":
+        reason = cuda_skip_reason()
+        if reason:
+            pytest.skip(reason)
+        return Backend("cuda", 0)
+    return Backend("cpu")
+
+
+def _reference_K(X, name):
+    if name == "callable":
+        return (X @ X.T / 4.0 + 1.0) ** 2
+    p = PARAMS[name]
+    return reference.kernel_matrix(X, kernel=name, params=p)
+
+
+def _spec(X, name, xp=np):
+    kernel = _callable_kernel if name == "callable" else name
+    spec = _kernels.resolve_kernel(kernel, X=X, xp=xp, **PARAMS[name])
+    return _kernels.with_center(spec, X, xp)
+
+
+def _blobs(rng, n, d=5, k=3):
+    centres = rng.normal(scale=3.0, size=(k, d))
+    return centres[rng.integers(0, k, n)] + rng.normal(size=(n, d))
+
+
+def _indicator_sums(K, labels, w, k):
+    Y = np.zeros((K.shape[1], k))
+    Y[np.arange(K.shape[1]), labels] = w
+    return K @ Y
+
+
+def _operators(X, name, dtype, backend, w, tile_rows):
+    spec = _spec(X, name)
+    A = _kernels.prepare_features(X, spec, backend, dtype)
+    weights = backend.asarray(w)
+    K = _kernels.build_kernel_matrix(A, A, spec, backend)
+    dense = _lloyd.DenseKernelOperator(K, weights, backend)
+    tiled = _tiled.TiledKernelOperator(A, spec, weights, backend, tile_rows=tile_rows)
+    return dense, tiled
+
+
+# --------------------------------------------------------------------------------------- the twins
+
+
+def _reference_values(name, G, a, b, gamma, coef0, degree):
+    if name in ("rbf", "laplacian"):
+        d2 = np.maximum(a[:, None] + b[None, :] - 2 * G, 0)
+        return np.exp(-gamma * (d2 if name == "rbf" else np.sqrt(d2)))
+    if name == "polynomial":
+        return (gamma * G + coef0) ** degree
+    if name == "sigmoid":
+        return np.tanh(gamma * G + coef0)
+    return G
+
+
+def _twin_inputs(rng, t, m, dtype, name):
+    R = rng.normal(size=(t, 4))
+    C = rng.normal(size=(m, 4))
+    row0 = 5
+    col_points = rng.permutation(max(m, t + row0 + 1))[:m].astype(np.int64)
+    if m > 3 and t > 2:
+        col_points[:2] = [row0 + 1, row0 + t - 1]  # two diagonal entries inside the tile
+        C[0], C[1] = R[1], R[t - 1]
+    G = (R @ C.T).astype(dtype)
+    a = (R * R).sum(1).astype(dtype)
+    b = (C * C).sum(1).astype(dtype)
+    V = _reference_values(name, G.astype(np.float64), a.astype(np.float64), b.astype(np.float64), 0.3, 0.7, 3)
+    if name in ("rbf", "laplacian"):
+        rows = row0 + np.arange(t)
+        V[rows[:, None] == col_points[None, :]] = 1.0
+    return G, a, b, col_points, row0, V
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["rbf", "laplacian", "polynomial", "sigmoid", "linear"])
+@pytest.mark.parametrize("t,m,k,sort", [(1, 1, 1, True), (7, 13, 3, True), (33, 130, 5, False), (130, 257, 70, True)])
+def test_tile_cluster_sums_matches_float64_formula(backend, name, dtype, t, m, k, sort):
+    rng = np.random.default_rng([t, m, k, len(name)])
+    G, a, b, col_points, row0, V = _twin_inputs(rng, t, m, dtype, name)
+    clusters = rng.integers(0, k, m).astype(np.int32)
+    if sort:
+        clusters.sort()
+    coeffs = rng.uniform(-1.0, 2.0, m)
+    S0 = rng.normal(size=(t, k))
+    expected = S0 + _indicator_sums(V, clusters, coeffs, k)
+    ops = _tiled.tiled_ops(backend)
+    S = backend.asarray(S0.copy())
+    ops.tile_cluster_sums(backend.asarray(G), backend.asarray(a), backend.asarray(b),
+                          _kernels.EPILOGUE_CODES[name], 0.3, 0.7, 3, backend.asarray(clusters),
+                          backend.asarray(coeffs), backend.asarray(col_points), row0, S)
+    scale = np.abs(V).max() * np.abs(coeffs).sum()  # the size of the sums being accumulated
+    np.testing.assert_allclose(backend.to_host(S), expected, rtol=TOL[dtype]["rtol"],
+                               atol=TOL[dtype]["atol"] * max(1.0, scale))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["rbf", "laplacian", "polynomial", "sigmoid", "linear"])
+@pytest.mark.parametrize("t,m,k", [(1, 1, 2), (9, 4, 3), (140, 37, 6)])
+def test_tile_moved_sums_matches_float64_formula(backend, name, dtype, t, m, k):
+    rng = np.random.default_rng([t, m, k, len(name), 2])
+    G, a, b, col_points, row0, V = _twin_inputs(rng, t, m, dtype, name)
+    old = rng.integers(0, k, m).astype(np.int32)
+    new = ((old + rng.integers(1, k, m)) % k).astype(np.int32)
+    w = rng.uniform(0.1, 2.0, m)
+    S0 = rng.normal(size=(t, k))
+    expected = S0 + _indicator_sums(V, new, w, k) - _indicator_sums(V, old, w, k)
+    S = backend.asarray(S0.copy())
+    _tiled.tiled_ops(backend).tile_moved_sums(
+        backend.asarray(G), backend.asarray(a), backend.asarray(b), _kernels.EPILOGUE_CODES[name], 0.3, 0.7, 3,
+        backend.asarray(new), backend.asarray(old), backend.asarray(w), backend.asarray(col_points), row0, S)
+    scale = np.abs(V).max() * w.sum()
+    np.testing.assert_allclose(backend.to_host(S), expected, rtol=TOL[dtype]["rtol"],
+                               atol=TOL[dtype]["atol"] * max(1.0, scale))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["rbf", "laplacian", "polynomial", "sigmoid", "linear"])
+def test_tile_epilogue_matches_float64_formula(backend, name, dtype):
+    rng = np.random.default_rng([len(name), 3])
+    G, a, b, col_points, row0, V = _twin_inputs(rng, 21, 50, dtype, name)
+    out = backend.to_host(_tiled.tiled_ops(backend).tile_epilogue(
+        backend.asarray(G), backend.asarray(a), backend.asarray(b), _kernels.EPILOGUE_CODES[name], 0.3, 0.7, 3,
+        backend.asarray(col_points), row0))
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out, V, rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["atol"] * np.abs(V).max())
+    if name in ("rbf", "laplacian"):
+        assert out[1, 0] == 1.0 and out[20, 1] == 1.0  # the diagonal entries are exactly 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["rbf", "laplacian", "polynomial", "sigmoid", "linear"])
+@pytest.mark.parametrize("k", [4, 5000])  # shared-memory sums, and global atomics past SHARED_MAX_CLUSTERS
+def test_cuda_twin_equals_numba_twin(name, k):
+    reason = cuda_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    rng = np.random.default_rng([k, len(name)])
+    cpu, gpu = Backend("cpu"), Backend("cuda", 0)
+    G, a, b, col_points, row0, _ = _twin_inputs(rng, 64, 3001, np.float32, name)
+    clusters = np.sort(rng.integers(0, k, 3001)).astype(np.int32)
+    old = rng.integers(0, k, 3001).astype(np.int32)
+    coeffs = rng.uniform(0.1, 2.0, 3001)
+    results = []
+    for be in (cpu, gpu):
+        ops = _tiled.tiled_ops(be)
+        S = be.asarray(np.zeros((64, k)))
+        # the CPU twins overwrite G with kernel values (G is scratch): each call gets its own copy
+        ops.tile_cluster_sums(be.asarray(G.copy()), be.asarray(a), be.asarray(b), _kernels.EPILOGUE_CODES[name], 0.3,
+                              0.7, 3, be.asarray(clusters), be.asarray(coeffs), be.asarray(col_points), row0, S)
+        ops.tile_moved_sums(be.asarray(G.copy()), be.asarray(a), be.asarray(b), _kernels.EPILOGUE_CODES[name], 0.3, 0.7, 3,
+                            be.asarray(clusters), be.asarray(old), be.asarray(coeffs), be.asarray(col_points), row0, S)
+        results.append(be.to_host(S))
+    # both round every kernel value to float32 and accumulate in float64; only the GPU's double-precision
+    # epilogue vs numba's mixed float32/float64 expression and the summation order differ
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-5 * np.abs(results[0]).max())
+
+
+def test_cuda_source_declares_the_twins():
+    from kkmgpu._gpu_kernels import cuda_source
+
+    src = cuda_source("tiled.cu")
+    for name in ("tile_cluster_sums", "tile_moved_sums", "tile_epilogue"):
+        assert re.search(rf"__global__ void {name}\(", src), name
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
+def test_tiled_cu_compiles_with_nvcc(tmp_path):
+    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "--ptx", "-o", str(tmp_path / "tiled.ptx"),
+                          str(ROOT / "kernels_cuda" / "tiled.cu")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    ptx = (tmp_path / "tiled.ptx").read_text()
+    # float and double of tile_epilogue, and x {shared, global} sums for the two accumulating kernels
+    assert ptx.count(".entry") == 10
+    for name in ("tile_cluster_sums", "tile_moved_sums", "tile_epilogue"):
+        assert len(re.findall(rf"\.entry \w*{name}", ptx)) == (2 if name == "tile_epilogue" else 4), name
+
+
+# --------------------------------------------------------------------------------------- the operator
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name", KERNELS)
+def test_tiled_cluster_sums_and_rows_match_reference(backend, name, dtype):
+    rng = np.random.default_rng([len(name), 11])
+    n, k = 157, 6
+    X = _blobs(rng, n)
+    K = _reference_K(X, name)
+    labels = rng.integers(0, k, n).astype(np.int32)
+    labels[labels == 4] = 0  # an empty cluster
+    w = rng.uniform(0.2, 2.0, n)
+    w[rng.random(n) < 0.1] = 0.0
+    spec = _spec(X, name)
+    A = _kernels.prepare_features(X, spec, backend, dtype)
+    op = _tiled.TiledKernelOperator(A, spec, backend.asarray(w), backend, tile_rows=23)  # 157 = 6 * 23 + 19
+    S = backend.to_host(op.cluster_sums(backend.asarray(labels), k))
+    scale = np.abs(K).max() * w.sum()
+    tol = TOL[dtype]
+    np.testing.assert_allclose(S, _indicator_sums(K, labels, w, k), rtol=tol["rtol"], atol=tol["atol"] * scale)
+    np.testing.assert_allclose(backend.to_host(op.diag), np.diag(K), rtol=tol["rtol"], atol=0)
+    np.testing.assert_allclose(op.total_diag, w @ np.diag(K), rtol=tol["rtol"])
+    idx = [0, 156, 40]
+    np.testing.assert_allclose(op.rows(idx), K[idx], rtol=tol["rtol"], atol=tol["atol"] * np.abs(K).max())
+    if name in ("rbf", "laplacian"):
+        assert (op.rows(idx)[np.arange(3), idx] == 1.0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name", ["rbf", "polynomial", "callable"])
+@pytest.mark.parametrize("n_moved", [0, 1, 29, 140])
+def test_incremental_update_equals_full_recomputation(backend, name, dtype, n_moved):
+    rng = np.random.default_rng([n_moved, len(name), 12])
+    n, k = 140, 5
+    X = _blobs(rng, n)
+    old = rng.integers(0, k, n).astype(np.int32)
+    new = old.copy()
+    moved = rng.choice(n, n_moved, replace=False)
+    new[moved] = (old[moved] + rng.integers(1, k, n_moved)) % k
+    w = rng.uniform(0.5, 1.5, n)
+    spec = _spec(X, name)
+    op = _tiled.TiledKernelOperator(_kernels.prepare_features(X, spec, backend, dtype), spec, backend.asarray(w),
+                                    backend, tile_rows=17)
+    S = op.cluster_sums(backend.asarray(old), k)
+    updated = backend.to_host(op.update_cluster_sums(S, backend.asarray(old), backend.asarray(new)))
+    full = backend.to_host(op.cluster_sums(backend.asarray(new), k))
+    K = _reference_K(X, name)
+    scale = np.abs(K).max() * w.sum()
+    tol = TOL[dtype]
+    np.testing.assert_allclose(updated, full, rtol=tol["rtol"], atol=tol["atol"] * scale)
+    np.testing.assert_allclose(updated, _indicator_sums(K, new, w, k), rtol=tol["rtol"], atol=tol["atol"] * scale)
+    assert op.incremental_cost(n_moved) == n_moved / n
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name", KERNELS)
+def test_tiled_run_equals_dense_run_from_same_init(backend, name, dtype):
+    """Lloyd from the same initial labels: tiled (tiles of 29 rows, n = 211 not a multiple) == dense."""
+    rng = np.random.default_rng([len(name), 13])
+    n, k = 211, 3
+    X = _blobs(rng, n)
+    init = rng.integers(0, k, n).astype(np.int32)
+    w = rng.uniform(0.5, 2.0, n)
+    dense, tiled = _operators(X, name, dtype, backend, w, tile_rows=29)
+    runs = [_lloyd.lloyd(op, init, k, max_iter=100, tol=0.0) for op in (dense, tiled)]
+    labels = [backend.to_host(r.labels) for r in runs]
+    K = _reference_K(X, name)
+    if dtype == np.float64:
+        np.testing.assert_array_equal(labels[1], labels[0])
+        assert runs[1].n_iter == runs[0].n_iter
+        np.testing.assert_allclose(runs[1].history, runs[0].history, rtol=1e-9)
+        np.testing.assert_allclose(runs[1].objective,
+                                   reference.kernel_kmeans_objective(K, labels[1], w, k), rtol=1e-9)
+    else:
+        assert np.mean(labels[1] == labels[0]) >= 0.99
+        np.testing.assert_allclose(runs[1].objective, runs[0].objective, rtol=1e-4)
+        np.testing.assert_allclose(runs[1].objective,
+                                   reference.kernel_kmeans_objective(K, labels[1], w, k), rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------------- through fit
+
+
+@pytest.mark.parametrize("update", ["auto", "incremental", "full"])
+def test_fit_engine_tiled_equals_dense(device, monkeypatch, update):
+    rng = np.random.default_rng(14)
+    X = _blobs(rng, 301, d=6, k=4)
+    monkeypatch.setitem(_tiled.TILE_MAX_BYTES, "cpu", 40 * 301 * 8)  # tiles of 40 rows: 301 is no multiple
+    monkeypatch.setitem(_tiled.TILE_MAX_BYTES, "cuda", 40 * 301 * 8)
+    kw = dict(kernel="rbf", gamma=0.1, device=device, dtype="float64", random_state=3, update=update, n_init=2)
+    dense = kkmgpu.fit(X, 4, engine="dense", **kw)
+    tiled = kkmgpu.fit(X, 4, engine="tiled", **kw)
+    np.testing.assert_array_equal(tiled.labels, dense.labels)
+    np.testing.assert_allclose(tiled.objective_history, dense.objective_history, rtol=1e-9)
+    assert tiled.method_params["engine"] == "tiled" and dense.method_params["engine"] == "dense"
+    X_new = rng.normal(scale=3.0, size=(50, 6))
+    np.testing.assert_array_equal(kkmgpu.predict(tiled, X_new), kkmgpu.predict(dense, X_new))
+
+
+def test_auto_engine_falls_back_to_tiled_when_K_does_not_fit(device, monkeypatch):
+    rng = np.random.default_rng(15)
+    X = _blobs(rng, 250)
+    init = rng.integers(0, 3, 250)
+    expected = kkmgpu.fit(X, 3, init=init, device=device, dtype="float64")
+    assert expected.method_params["engine"] == "dense"
+    # K takes 250^2 * 8 = 500 kB; report 200 kB free
+    monkeypatch.setattr(Backend, "available_bytes", lambda self: 200_000)
+    with pytest.warns(UserWarning, match="using engine='tiled'"):
+        result = kkmgpu.fit(X, 3, init=init, device=device, dtype="float64")
+    assert result.method_params["engine"] == "tiled"
+    np.testing.assert_array_equal(result.labels, expected.labels)
+    np.testing.assert_allclose(result.objective, expected.objective, rtol=1e-9)
+    with pytest.raises(InsufficientMemoryError, match="kernel matrix"):
+        kkmgpu.fit(X, 3, init=init, device=device, dtype="float64", engine="dense")
+
+
+def test_estimator_passes_engine():
+    X = _blobs(np.random.default_rng(16), 120)
+    model = kkmgpu.KernelKMeans(3, engine="tiled", device="cpu", random_state=0).fit(X)
+    assert model.result_.method_params == {"engine": "tiled", "tf32": False}
+    assert model.get_params()["engine"] == "tiled"
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(engine="sparse"), ValueError, r"engine='sparse' is not valid"),
+    (dict(engine="tiled", kernel="precomputed"), ValueError, r"engine='tiled' recomputes"),
+    (dict(engine="tiled", method="cats"), ValueError, r"only applies to method='exact'"),
+    (dict(tf32=1), TypeError, r"tf32=1 must be True or False"),
+])
+def test_engine_validation(kwargs, error, match):
+    X = np.random.default_rng(17).normal(size=(30, 3))
+    if kwargs.get("kernel") == "precomputed":
+        X = X @ X.T
+    with pytest.raises(error, match=match):
+        kkmgpu.fit(X, 2, device="cpu", **kwargs)
+
+
+def test_tf32_is_a_noop_with_a_warning_on_the_cpu():
+    X = _blobs(np.random.default_rng(18), 90)
+    plain = kkmgpu.fit(X, 3, device="cpu", engine="tiled", random_state=1)
+    with pytest.warns(UserWarning, match="no effect on the CPU"):
+        tf32 = kkmgpu.fit(X, 3, device="cpu", engine="tiled", random_state=1, tf32=True)
+    np.testing.assert_array_equal(tf32.labels, plain.labels)
+
+
+@pytest.mark.gpu
+def test_tf32_on_gpu_changes_few_labels():
+    """TF32 GEMMs (10-bit mantissas) stay close to float32; the measured effect is reported in the README."""
+    reason = cuda_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    X = _blobs(np.random.default_rng(19), 3000, d=20, k=5)
+    init = np.random.default_rng(20).integers(0, 5, 3000)
+    plain = kkmgpu.fit(X, 5, device="cuda", engine="tiled", init=init)
+    tf32 = kkmgpu.fit(X, 5, device="cuda", engine="tiled", init=init, tf32=True)
+    assert np.mean(tf32.labels == plain.labels) >= 0.99
+    np.testing.assert_allclose(tf32.objective, plain.objective, rtol=1e-3)
+
+
+def test_verbose_reports_the_progress_of_a_full_pass(capsys):
+    rng = np.random.default_rng(21)
+    X = _blobs(rng, 95)
+    spec = _spec(X, "rbf")
+    be = Backend("cpu")
+    op = _tiled.TiledKernelOperator(_kernels.prepare_features(X, spec, be, np.float64), spec, np.ones(95), be,
+                                    tile_rows=4, verbose=True)
+    op.cluster_sums(rng.integers(0, 3, 95).astype(np.int32), 3)
+    lines = capsys.readouterr().out.splitlines()
+    assert 9 <= len(lines) <= 11  # about every 10% of the rows
+    assert lines[-1] == "[kkmgpu] tiled pass: 95 of 95 rows"
