@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# What is left to run and measure on an NVIDIA GPU, as phases that each fit one call of a lent GPU machine
+# (10 minutes a call, about 30 minutes of device time a session). No session that built the GPU path had a
+# GPU: every GPU figure the issues ask for comes from these phases.
+#
+#   bash bench/gpu_session.sh prepare    # HERE, before the first call: copy the data into .gpu-data/ (git-ignored)
+#                                        # since ../shared beside the checkout does not travel to the GPU machine
+#   bash bench/gpu_session.sh tests      # GPU: every gpu-marked test (CUDA kernels vs numba twins vs float64
+#                                        #      references; GPU labels == CPU labels; tiled == dense; sparse; eigen)
+#   bash bench/gpu_session.sh engine     # GPU: bench_exact + bench_gpu_engine (MNIST 10k..70k: build, iteration,
+#                                        #      end-to-end vs floors, plain CuPy, CPU) -> <date>-<gpu>.json
+#   bash bench/gpu_session.sh scale      # GPU: tiled engine (1,000,000-point iteration, scaling vs 2 n^2 d / GEMM,
+#                                        #      TF32 label effect), CATS scaling to 1,000,000, Off-the-grid Figure 1
+#   bash bench/gpu_session.sh quality    # GPU: CATS vs exact on all 70,000 MNIST points (10 seeds), trimming
+#                                        #      Table 1 at n = 70,000
+#
+# With the device tool: carry [".gpu-data"], command "bash bench/gpu_session.sh PHASE". Without $OUT the result
+# files go to bench/results/; with $OUT (the device tool's folder, which brings back at most 8 files) they and the
+# logs are packed into $OUT/gpu-PHASE.tar.gz: unpack it here, move the JSON/PNG files into bench/results/ and
+# commit them. Every step has its own time limit so one slow step cannot eat the call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase=${1:-}
+root=$PWD
+
+if [ "$phase" = prepare ]; then
+    src=${KKMGPU_DATA_DIR:-../shared/data}
+    [ -d "$src/mnist" ] || { echo "no data folder at $src (set KKMGPU_DATA_DIR)"; exit 1; }
+    rm -rf .gpu-data && mkdir -p .gpu-data
+    cp -r "$src/mnist" "$src/shapes" "$src/uci" .gpu-data/
+    du -sh .gpu-data
+    echo "now call the device tool with carry [\".gpu-data\"]"
+    exit 0
+fi
+
+if [ -n "${OUT:-}" ]; then out=/tmp/kkmgpu-gpu-$phase; rm -rf "$out"; else out=$root/bench/results; fi
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
+export KKMGPU_BENCH_RESULTS_DIR=$out
+# The data: .gpu-data (carried) when ../shared/data is not beside the checkout, as on the GPU machine.
+if [ ! -d ../shared/data ] && [ -d .gpu-data ]; then
+    mkdir -p ../shared && ln -sfn "$root/.gpu-data" ../shared/data
+fi
+export KKMGPU_DATA_DIR=${KKMGPU_DATA_DIR:-$(cd ../shared/data 2>/dev/null && pwd)}
+export KKMGPU_MNIST_DIR=${KKMGPU_MNIST_DIR:-$KKMGPU_DATA_DIR/mnist}
+
+step() {  # step SECONDS NAME COMMAND...: run with a time limit, log to $out/NAME.log, report the exit status
+    local limit=$1 name=$2
+    shift 2
+    echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
+    timeout "$limit" "$@" > >(tee "$out/$name.log") 2>&1
+    local rc=$?
+    echo "== $name: exit $rc"
+    return 0
+}
+
+case "$phase" in
+tests)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
+    python -c "import kkmgpu._backend as b; print('cuda unusable:', b.cuda_unavailable_reason())"
+    step 540 gpu-tests python -m pytest -m gpu -q -rs -p no:cacheprovider tests/
+    ;;
+engine)
+    step 560 bench-engine env KKMGPU_BENCH_DEVICES=cuda,cpu python -m pytest bench/bench_exact.py \
+        bench/bench_gpu_engine.py --benchmark-only -rs -p no:cacheprovider
+    ;;
+scale)
+    step 150 tiled-big python bench/bench_tiled.py big --device cuda
+    step 90 tiled-big-tf32 python bench/bench_tiled.py big --device cuda --tf32
+    step 120 tiled-scaling python bench/bench_tiled.py scaling --device cuda
+    step 60 tiled-labels python bench/bench_tiled.py labels --device cuda
+    step 120 cats-scaling python bench/bench_cats.py scaling --device cuda
+    step 60 offgrid-fig1 python bench/bench_offgrid.py fig1 --device cuda --sizes 1000 2000 4000 8000 16000 32000
+    ;;
+quality)
+    step 300 cats-mnist70k python bench/bench_cats.py mnist --device cuda
+    step 270 trimming-table1 python bench/bench_trimming.py table1 --device cuda
+    ;;
+*)
+    sed -n '2,20p' "$0"
+    exit 2
+    ;;
+esac
+ls -la "$out"
+if [ -n "${OUT:-}" ]; then
+    tar czf "$OUT/gpu-$phase.tar.gz" -C "$out" . && echo "packed into $OUT/gpu-$phase.tar.gz"
+fi
