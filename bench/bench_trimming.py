@@ -3,15 +3,17 @@
 A script, not a pytest module (``pytest bench/`` collects nothing here). From the repository root::
 
     python bench/bench_trimming.py table1              # MNIST: baseline vs trimmed NMI, nz / n^2, times, memory
-    python bench/bench_trimming.py table1 --n 70000    # the paper's full size (a GPU, or a host with ~60 GB)
+    python bench/bench_trimming.py table1 --n 70000    # the paper's full size (a GPU, or a host with ~40 GB free)
+    python bench/bench_trimming.py table1 --n max      # the largest n this host's free memory holds (CPU)
     python bench/bench_trimming.py literal --n 3000    # max_size=1 (the paper as written) vs the default 0.5
     python bench/bench_trimming.py figure3             # the paper's Figure 3: K, K* and the votes, as a PNG
 
 Protocol of ``table1`` (papers/kernel-matrix-trimming.txt, Section 4): MNIST pixels / 255 (all 70,000 points on a
-GPU by default, else the largest sample that fits the host: --n), k = 10; kernels as in the paper, written in the
-library's conventions: neural tanh(0.0045 x.y + 0.11) (kernel="sigmoid", gamma=0.0045, coef0=0.11), polynomial
-(x.y + 1)^5 (gamma=1, coef0=1, degree=5), RBF exp(-||x - y||^2) (gamma=1), plus RBF with the library's data-scale
-gamma (1 / (d X.var())) because gamma = 1 makes K numerically the identity on pixels / 255 (see bench/README.md).
+GPU by default, else 20,000 points, or --n max: the largest sample the host's free memory holds), k = 10; kernels
+as in the paper, written in the library's conventions: neural tanh(0.0045 x.y + 0.11) (kernel="sigmoid",
+gamma=0.0045, coef0=0.11), polynomial (x.y + 1)^5 (gamma=1, coef0=1, degree=5), RBF exp(-||x - y||^2) (gamma=1),
+plus RBF with the library's data-scale gamma (1 / (d X.var())) because gamma = 1 makes K numerically the identity on
+pixels / 255 (see bench/README.md).
 K is built once per kernel (float32); the baseline is dense kernel k-means on K, "trimmed" is kernel k-means on
 K* = trim_kernel_matrix(K) with the library's defaults. Each of the --runs runs (10, as the paper) starts both
 from the same random partition (seed = run index: uniform labels, k random points fixed to 0..k-1, as
@@ -32,6 +34,7 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import os
 import resource
 import sys
@@ -328,10 +331,38 @@ def kernel_case(run, name, X, y, runs, max_size, do_baseline=True):
     return case
 
 
+#: Peak RSS of a table1 run per entry of K, measured on the CPU at n = 20,000: 3.31e9 bytes / 4e8 (K float32,
+#: trimming's workspace, K* and the fits); 70,000 points thus need about 40 GB.
+PEAK_BYTES_PER_ENTRY = 8.3
+
+
 def default_n(device):
     if device.startswith("cuda"):
         return 70000
-    return 20000  # K float32 1.6 GB: with trimming's workspace and K* the run stays under ~6 GB
+    return 20000  # K float32 1.6 GB; peak RSS 3.3 GB measured (8 minutes on 2 cores)
+
+
+def largest_n(device):
+    """The largest MNIST sample (a multiple of 1,000, at most 70,000) whose measured peak fits 85% of free memory."""
+    if device.startswith("cuda"):
+        return 70000
+    available = _backend.resolve_device("cpu").available_bytes()
+    if available is None:
+        return default_n(device)
+    return max(1000, min(70000, int(math.sqrt(0.85 * available / PEAK_BYTES_PER_ENTRY)) // 1000 * 1000))
+
+
+def sample_size(text):
+    """--n: a positive integer, or "max" (:func:`largest_n`)."""
+    if text == "max":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--n {text!r} must be a positive integer or 'max'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--n {value} must be >= 1")
+    return value
 
 
 def cmd_table1(args, run):
@@ -367,6 +398,7 @@ def cmd_figure3(args, run):
     axes[3].set_xlim(0, 50)
     fig.tight_layout()
     png = run.path.with_name(run.path.stem + "-figure3.png")
+    png.parent.mkdir(parents=True, exist_ok=True)  # a new --results-dir
     fig.savefig(png, dpi=110)
     plt.close(fig)
     run.add({"id": "figure3", "benchmark": "figure3", "true_sizes": sizes,
@@ -385,8 +417,9 @@ def main(argv=None):
                                   ("literal", ["neural", "rbf-scale"])):
         p = sub.add_parser(name)
         p.add_argument("--device", default=os.environ.get("KKMGPU_BENCH_TRIM_DEVICE") or default_device())
-        p.add_argument("--n", type=int, default=None, help="MNIST sample size (default: 70000 on a GPU, "
-                                                            "20000 on the CPU; 3000 for literal)")
+        p.add_argument("--n", type=sample_size, default=None,
+                       help="MNIST sample size, or 'max' for the largest the free memory holds (default: 70000 "
+                            "on a GPU, 20000 on the CPU; 3000 for literal)")
         p.add_argument("--runs", type=int, default=10)
         p.add_argument("--kernels", nargs="+", default=default_kernels, choices=sorted(KERNELS))
         p.add_argument("--max-size", type=float, default=kkmgpu.trimming.DEFAULT_MAX_SIZE)
@@ -399,6 +432,8 @@ def main(argv=None):
         parser.error(f"--device {args.device}: {_backend.cuda_unavailable_reason()}")
     if getattr(args, "n", 0) is None:
         args.n = 3000 if args.command == "literal" else default_n(args.device)
+    elif getattr(args, "n", 0) == "max":
+        args.n = largest_n(args.device)
     run = Run(args.device, argv, args.results_dir)
     print(f"results: {run.path}", flush=True)
     {"table1": cmd_table1, "literal": cmd_literal, "figure3": cmd_figure3}[args.command](args, run)

@@ -1,7 +1,8 @@
 """The committed comparison run: kkmgpu's methods against scikit-learn's and tslearn's (``kkmgpu.compare``).
 
-    python bench/compare.py                 # everything; about 15-20 minutes on the 2-core reference CPU
-    python bench/compare.py --quick --out /tmp/compare   # a smoke run in well under a minute
+    python bench/compare.py                 # everything; 31 minutes on the 2-core reference CPU under load
+    python bench/compare.py --quick --out /tmp/compare   # a smoke run: about 1-2 minutes on the 2-core CPU
+                                                         # (2 min 20 s under load: CATS on mnist-500 took 100 s)
 
 Writes ``bench/results/<date>-<device>-compare.{md,csv,json}`` and ``-compare-*.png`` (the file stem is the
 date and the device slug of ``_kkmgpu_bench.device_identity``; ``--out`` / ``--prefix`` override them). The

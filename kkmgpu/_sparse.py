@@ -162,7 +162,7 @@ class SparseKernelOperator:
         return csr_update_cluster_sums(self.K, S, old_labels, new_labels, self.weights)
 
 
-def check_symmetric_sparse(K, backend: Backend, rtol=None):
+def check_symmetric_sparse(K, backend: Backend, rtol=None, name="X"):
     """Raise ValueError unless the sparse K equals K.T within a tolerance for its dtype (O(nnz))."""
     if rtol is None:
         rtol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(np.dtype(K.dtype), 1e-10)
@@ -172,7 +172,7 @@ def check_symmetric_sparse(K, backend: Backend, rtol=None):
     D = (K - K.T.tocsr()).tocsr()
     diff = float(abs(D).max()) if D.nnz else 0.0
     if diff > rtol * scale:
-        raise ValueError(f"X is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
+        raise ValueError(f"{name} is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
                          f"{rtol:g} * max|K|); kernel k-means needs a symmetric kernel.")
 
 

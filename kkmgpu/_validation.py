@@ -85,7 +85,7 @@ def check_data(X, backend: Backend, *, name="X", square=False):
     if n < 1 or d < 1:
         raise ValueError(f"{name} has shape {X.shape}; at least one sample and one feature are required.")
     if square and n != d:
-        raise ValueError(f"{name} must be a square kernel matrix for kernel='precomputed'; got shape {X.shape}.")
+        raise ValueError(f"{name} must be a square (n_samples, n_samples) kernel matrix; got shape {X.shape}.")
     X = backend.asarray(X)
     if X.dtype.kind == "f" and not all_finite(X, backend.xp):
         raise ValueError(f"{name} contains NaN or infinity; every value must be finite.")
@@ -99,7 +99,7 @@ def _check_sparse_kernel(X, backend: Backend, name, square):
         raise TypeError(f"{name} is a sparse {type(X).__name__}; sparse input is accepted only as a kernel matrix "
                         "(kernel='precomputed'). Pass dense features otherwise.")
     if X.ndim != 2 or X.shape[0] != X.shape[1] or X.shape[0] < 1:
-        raise ValueError(f"{name} must be a square kernel matrix for kernel='precomputed'; got shape {X.shape}.")
+        raise ValueError(f"{name} must be a square (n_samples, n_samples) kernel matrix; got shape {X.shape}.")
     if X.dtype.kind not in "biuf":
         raise ValueError(f"{name} has dtype {X.dtype}; a real numeric sparse matrix is required.")
     dtype = None if X.dtype.kind == "f" else np.float64
@@ -118,7 +118,7 @@ def all_finite(X, xp, block_bytes=2**26) -> bool:
     return int(bad) == 0
 
 
-def check_symmetric(K, backend: Backend, rtol=None, block=None):
+def check_symmetric(K, backend: Backend, rtol=None, block=None, name="X"):
     """Raise ValueError unless K equals K.T within a tolerance for its dtype.
 
     Compares the tiles above the diagonal with the transposed tiles below it, so no n x n temporary
@@ -127,7 +127,7 @@ def check_symmetric(K, backend: Backend, rtol=None, block=None):
     from . import _sparse
 
     if _sparse.is_sparse(K):
-        return _sparse.check_symmetric_sparse(K, backend, rtol)
+        return _sparse.check_symmetric_sparse(K, backend, rtol, name=name)
     xp = backend.xp
     if rtol is None:
         rtol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(np.dtype(K.dtype), 1e-10)
@@ -146,7 +146,7 @@ def check_symmetric(K, backend: Backend, rtol=None, block=None):
             diff = xp.maximum(diff, xp.abs(K[i0:i1, j0:j1] - K[j0:j1, i0:i1].T).max())
         diff = float(diff)
         if diff > rtol * scale:
-            raise ValueError(f"X is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
+            raise ValueError(f"{name} is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
                              f"{rtol:g} * max|K|); kernel k-means needs a symmetric kernel.")
 
 

@@ -14,7 +14,10 @@ Every RBF method (kkmgpu's, spectral clustering, tslearn) gets the same gamma pe
 "scale" rule gamma = 1 / (d Var(X)) (kkmgpu's default) -- except the bandwidth search, whose point is to
 choose it. Data: the five SIPU shape sets, UCI WiFi, scikit-learn's Wine, WDBC and digits, MNIST samples
 (pixels / 255); shape and UCI sets are standardised to zero mean and unit variance per feature (as the
-Off-the-grid paper does for real data), digits are divided by 16.
+Off-the-grid paper does for real data), digits are divided by 16. ``large/birch1.csv`` of the shared data
+(100,000 points, k = 100) is left out: it is there for scaling runs past one kernel matrix in memory, and
+AgglomerativeClustering, SpectralClustering, tslearn's KernelKMeans and the kernel-objective column all need
+O(n^2) memory (80 GB in float64 at n = 100,000).
 
 The thesis (kernel-kmeans-thesis-slides.txt, "Evaluation Strategy") adds two scenarios on synthetic
 Gaussian blobs (centres uniform in [-10, 10]^d as in scikit-learn's ``make_blobs``, standard deviation
@@ -107,10 +110,26 @@ def _sklearn_dataset(loader_name):
 
 
 def load_dataset(name, data_dir=None) -> Dataset:
-    """One data set of the comparison by name; :class:`Unavailable` when its file or package is missing.
+    """One data set of the comparison by name, preprocessed as every method sees it.
 
-    Names: the shape sets ("aggregation", ...), "wifi", "wine", "wdbc", "digits", "mnist-N" (a seeded
-    sample of N MNIST digits, random_state=0).
+    Parameters
+    ----------
+    name : str
+        A shape set ("aggregation", "compound", "flame", "jain", "r15"), "wifi", "wine", "wdbc", "digits",
+        or "mnist-N" (a sample of N MNIST digits drawn with random_state=0).
+    data_dir : path, optional
+        The shared data folder (with ``shapes/``, ``uci/``, ``mnist/``); default kkmgpu's search path.
+
+    Returns
+    -------
+    Dataset
+
+    Raises
+    ------
+    Unavailable
+        When the set's file or the package that ships it is missing (the message says which).
+    ValueError
+        For an unknown name or a malformed "mnist-N".
     """
     data_dir = None if data_dir is None else Path(data_dir)
     if name in SHAPES:
@@ -169,8 +188,33 @@ BLOB_STD = 2.5
 def make_blobs(n, d, k, seed, cluster_std=BLOB_STD):
     """Gaussian blobs as scikit-learn's ``make_blobs``: centres uniform in [-10, 10]^d, isotropic noise.
 
-    Returns (X float64 (n, d), y int64 (n,)); cluster sizes differ by at most one.
+    Parameters
+    ----------
+    n, d, k : int
+        Points, dimensions and clusters; n >= 1, d >= 1, 1 <= k <= n.
+    seed : int
+        Seed of ``numpy.random.default_rng`` (the same seed gives the same data).
+    cluster_std : float, default=BLOB_STD
+        Standard deviation of every cluster, >= 0.
+
+    Returns
+    -------
+    X : ndarray of shape (n, d), float64
+    y : ndarray of shape (n,), int64
+        The cluster of every point; cluster sizes differ by at most one.
+
+    Raises
+    ------
+    ValueError
+        If a size is out of range or cluster_std is negative or not finite.
     """
+    for name, value, low in (("n", n, 1), ("d", d, 1), ("k", k, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name}={value!r} must be an integer >= {low}.")
+    if k > n:
+        raise ValueError(f"k={k} must be <= n={n} (every cluster needs a point).")
+    if not (np.isfinite(cluster_std) and cluster_std >= 0):
+        raise ValueError(f"cluster_std={cluster_std!r} must be a finite number >= 0.")
     rng = np.random.default_rng(seed)
     centres = rng.uniform(-10.0, 10.0, size=(k, d))
     y = np.arange(n) % k
@@ -333,14 +377,41 @@ def methods():
 
 
 def evaluate(X, y, labels, *, K=None, device="auto"):
-    """Every metric of :data:`METRICS` for one partition; (values dict, notes list).
+    """Every metric of :data:`METRICS` for one partition.
 
-    An undefined metric (e.g. the silhouette of a single cluster) or a missing one (c-NNC in a kkmgpu
-    without it) is NaN, with a note saying why. ``K`` is the kernel matrix the kernel objective is taken on.
+    Parameters
+    ----------
+    X : array of shape (n_samples, n_features)
+        The data the partition was made from (the internal indices and c-NNC use it).
+    y : array of shape (n_samples,)
+        The true classes (for NMI and ARI).
+    labels : array of shape (n_samples,)
+        The partition to score.
+    K : array of shape (n_samples, n_samples), optional
+        The kernel matrix the kernel k-means objective is taken on (NaN without it).
+    device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
+        Where the O(n^2) metrics run.
+
+    Returns
+    -------
+    values : dict
+        Metric name -> float. An undefined metric (e.g. the silhouette of a single cluster) or a missing
+        one (c-NNC in a kkmgpu without it) is NaN.
+    notes : list of str
+        Why each NaN metric is undefined.
+
+    Raises
+    ------
+    ValueError
+        If y or labels is not one value per row of X.
     """
     from . import metrics
 
     labels = np.asarray(labels)
+    n = np.shape(X)[0]
+    for name, value in (("y", np.asarray(y)), ("labels", labels)):
+        if value.shape != (n,):
+            raise ValueError(f"{name} has shape {value.shape}; expected ({n},), one value per row of X.")
     values, notes = {}, []
     calls = {
         "nmi": lambda: metrics.nmi(y, labels),
@@ -719,8 +790,28 @@ def markdown(report) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(report, out_dir, prefix="compare", *, plots=True, datasets_for_pictures=None, verbose=True):
-    """Write ``<prefix>.md``, ``.csv``, ``.json`` and the PNG plots into ``out_dir``; returns the paths."""
+def write_outputs(report, out_dir, prefix="compare", *, plots=True, verbose=True):
+    """Write ``<prefix>.md``, ``.csv``, ``.json`` and the PNG plots into ``out_dir``.
+
+    Parameters
+    ----------
+    report : dict
+        What :func:`run_comparison` returns.
+    out_dir : path
+        Created if missing.
+    prefix : str, default="compare"
+        File name stem: ``<prefix>.md``, ``<prefix>.csv``, ``<prefix>.json``, ``<prefix>-datasets.png``,
+        ``<prefix>-shapes.png`` (2-D data sets), ``<prefix>-scenario-n.png``, ``<prefix>-scenario-d.png``.
+    plots : bool, default=True
+        Write the PNG plots (skipped with a message when matplotlib is not installed).
+    verbose : bool, default=True
+        Print a message when the plots are skipped.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files written.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -761,6 +852,7 @@ def _json_default(value):
 
 def _plots(report, out_dir, prefix):
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
 
     rows = report["rows"]
     present = [name for name in report["config"]["methods"] if any(r["method"] == name for r in rows)]
@@ -796,6 +888,7 @@ def _plots(report, out_dir, prefix):
         if not summary:
             continue
         shown = ("nmi", "silhouette", "calinski_harabasz", "davies_bouldin", "sum_of_variances", "time_s")
+        xs_all = sorted({x for x, _ in summary})
         figure = Figure(figsize=(13, 7), layout="constrained")
         axes = figure.subplots(2, 3).ravel()
         for ax, metric in zip(axes, shown):
@@ -807,6 +900,10 @@ def _plots(report, out_dir, prefix):
                 ax.errorbar(xs, [p[1][0] for p in points], yerr=[p[1][1] for p in points], marker="o", ms=3,
                             capsize=2, label=method, color=colours[method])
             ax.set_xscale("log")
+            # ticks at the scenario's own n (or d) values, written plainly: the default log locator labels
+            # minor ticks as "2x10^0 3x10^0 ..." over a short range, which overlap and name no measured point
+            ax.set_xticks(xs_all, [str(x) for x in xs_all])
+            ax.xaxis.set_minor_locator(NullLocator())
             if metric in ("time_s", "calinski_harabasz", "sum_of_variances"):
                 ax.set_yscale("log")
             ax.set_xlabel(key)

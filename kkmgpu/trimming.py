@@ -339,7 +339,7 @@ def _trimmed_csr(K, thresholds, backend: Backend, batch, value_dtype, kept_estim
         data.append(block[keep].astype(value_dtype))
     indptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(xp.concatenate(counts))])
     index_dtype = xp.int32 if int(indptr[-1]) < 2**31 else xp.int64
-    K_hat = sp.csr_matrix((xp.concatenate(data), xp.concatenate(indices).astype(index_dtype),
+    K_hat = sp.csr_matrix((xp.concatenate(data), xp.concatenate(indices).astype(index_dtype, copy=False),
                            indptr.astype(index_dtype)), shape=(n, n))
     del counts, indices, data
     K_star = K_hat.maximum(K_hat.T.tocsr()).tocsr()
@@ -489,7 +489,7 @@ def trim_kernel_matrix(K, *, vote_fraction=DEFAULT_VOTE_FRACTION, slack=DEFAULT_
         K = _validation.check_data(K, backend, name="K", square=True)
         if K.dtype.kind != "f":
             K = backend.asarray(K, dtype=np.float64)
-        _validation.check_symmetric(K, backend)
+        _validation.check_symmetric(K, backend, name="K")
         return _trim(K, backend, vote_fraction=vote_fraction, slack=slack, h=h, max_size=max_size,
                     batch_size=None if batch_size is None else _validation.check_int(batch_size, "batch_size",
                                                                                       minimum=1),

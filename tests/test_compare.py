@@ -96,6 +96,44 @@ def test_make_blobs():
     assert np.all(np.abs(centres) < 10 + 3 * compare.BLOB_STD)
 
 
+@pytest.mark.parametrize("args, match", [
+    ((10, 2, 0, 0), "k=0 must be an integer >= 1"),
+    ((0, 2, 1, 0), "n=0 must be an integer >= 1"),
+    ((10, 2.5, 2, 0), "d=2.5 must be an integer >= 1"),
+    ((3, 2, 4, 0), "k=4 must be <= n=3"),
+])
+def test_make_blobs_rejects_bad_sizes(args, match):
+    with pytest.raises(ValueError, match=match):
+        compare.make_blobs(*args)
+    with pytest.raises(ValueError, match="cluster_std=-1.0 must be a finite number >= 0"):
+        compare.make_blobs(10, 2, 2, 0, cluster_std=-1.0)
+
+
+def test_evaluate_rejects_labels_of_the_wrong_length():
+    X, y = compare.make_blobs(30, 2, 2, seed=0)
+    with pytest.raises(ValueError, match=r"labels has shape \(29,\); expected \(30,\)"):
+        compare.evaluate(X, y, np.zeros(29, dtype=int), device="cpu")
+
+
+def test_scenario_plot_ticks_are_the_measured_points(monkeypatch):
+    pytest.importorskip("matplotlib", reason="the plots need matplotlib")
+    from matplotlib.figure import Figure
+
+    monkeypatch.setattr(compare, "QUICK_SCENARIO_N", {"sizes": (40, 80), "d": 3, "k": 2})
+    monkeypatch.setattr(compare, "QUICK_SCENARIO_D", {"dims": (2, 6, 12), "n": 60, "k": 3})
+    report = compare.run_comparison(dataset_names=[], method_names=["sklearn-kmeans"], quick=True, device="cpu",
+                                    verbose=False)
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: saved.append((Path(path).name, self)))
+    compare._plots(report, Path("."), "p")
+    figures = dict(saved)
+    for name, expected in (("p-scenario-n.png", [40, 80]), ("p-scenario-d.png", [2, 6, 12])):
+        for ax in figures[name].axes:
+            assert list(ax.get_xticks()) == expected
+            assert [t.get_text() for t in ax.get_xticklabels()] == [str(x) for x in expected]
+            assert len(ax.xaxis.get_minorticklocs()) == 0
+
+
 def test_missing_package_and_missing_feature_are_skipped(monkeypatch):
     monkeypatch.setitem(sys.modules, "tslearn", None)  # import tslearn now raises ImportError
     monkeypatch.setitem(sys.modules, "tslearn.clustering", None)

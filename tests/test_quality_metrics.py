@@ -121,3 +121,24 @@ def test_bad_input_raises(fn):
 def test_silhouette_batch_size_checked():
     with pytest.raises(ValueError, match="batch_size=0 must be >= 1"):
         metrics.silhouette(np.arange(12.0).reshape(6, 2), [0, 1] * 3, device="cpu", batch_size=0)
+
+
+@pytest.mark.parametrize("name", ["silhouette", "cnnc"])
+def test_quadratic_metrics_are_tiled(rng, name):
+    """tracemalloc sees NumPy's allocations: with 100-row tiles the O(n^2) metrics peak far below one n x n
+    float64 array, and give the value of a single whole-matrix tile."""
+    import tracemalloc
+
+    n = 3000
+    X, y = clustered(rng, n, 3, 4)
+    fn = getattr(metrics, name)  # c-NNC is reachable from kkmgpu.metrics with the other indices
+    assert name in metrics.__all__
+    whole = fn(X, y, device="cpu", batch_size=n)
+    tracemalloc.start()
+    try:
+        tiled = fn(X, y, device="cpu", batch_size=100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < n * n * 8 / 4, f"peak {peak} bytes: close to an n x n float64 array ({n * n * 8} bytes)"
+    assert tiled == pytest.approx(whole, rel=1e-12)

@@ -109,6 +109,11 @@ def test_size_scores_match_hand_computed_values():
     assert size_scores(votes)[49] == pytest.approx(0.98 * math.exp(-2 / 50), rel=1e-12)
     votes[49] = 23
     assert size_scores(votes)[49] == pytest.approx(0.98 * math.exp(-27 / 50), rel=1e-12)
+    # The multiple below wins: 7 votes for size 3 lie 1 above 6 and 2 below 9: (2/3) e^(-1/3).
+    # No vote at all: the nearest non-zero multiple is j itself, a whole j away: (1 - 1/j) e^-1.
+    np.testing.assert_allclose(size_scores(np.array([0, 0, 7, 0])),
+                               [0.0, 0.5 * math.exp(-1), 2 / 3 * math.exp(-1 / 3), 0.75 * math.exp(-1)],
+                               rtol=1e-12)
 
 
 def test_size_scores_match_the_direct_formula_on_random_votes(rng):
@@ -125,6 +130,61 @@ def test_sorted_row_derivative_matches_the_direct_sum(rng):
             for q in range(37):
                 want = sum((rows[i, max(q - t, 0)] - rows[i, min(q + t, 36)]) / (2 * t) for t in range(1, h + 1))
                 assert got[i, q] == pytest.approx(want, rel=1e-12, abs=1e-14)
+
+
+def test_derivative_of_a_step_by_hand():
+    # A row with w = 5 ones then zeros (descending). By hand, with h = 3, at position j:
+    # j = w - 2: only t = 3 spans the drop: 1/6; j = w - 1: t = 2, 3: 1/4 + 1/6 = 5/12;
+    # j = w and j = w + 1: every t spans it: 1/2 + 1/4 + 1/6 = 11/12; then 5/12 and 1/6 again.
+    row = np.array([[1.0] * 5 + [0.0] * 11])
+    expected = np.zeros(16)
+    expected[2:8] = [1 / 6, 5 / 12, 11 / 12, 11 / 12, 5 / 12, 1 / 6]  # positions j = 3..8 (0-based 2..7)
+    np.testing.assert_allclose(sorted_row_derivative(row, 3)[0], expected, rtol=1e-15, atol=0)
+
+
+def test_figure3_votes_and_rounds_by_hand():
+    # The Figure 3 block matrix (n = 93, 10 votes per row): a row of a cluster of size w has the six positive
+    # derivative values above at sizes w-2..w+3 and votes for exactly those. So, by hand:
+    # v*_j = 12 for j = 4..6 (the two 6-clusters), 12 + 9 = 21 for j = 7, 12 + 9 + 10 = 31 for j = 8, 9,
+    # 9 + 10 = 19 for j = 10..12, 10 for j = 13, 19 for j = 17..22 and 43 for j = 41..46.
+    expected = np.zeros(93, dtype=np.int64)
+    for w, count in zip(FIGURE3_SIZES, FIGURE3_SIZES):
+        expected[w - 3:w + 3] += count
+    assert expected[3:13].tolist() == [12, 12, 12, 21, 31, 31, 19, 19, 19, 10]
+    K, _ = block_matrix(FIGURE3_SIZES)
+    result = trim_kernel_matrix(K, device="cpu")
+    np.testing.assert_array_equal(result.votes, expected)
+    # Round 1: s_43 = 42/43 (43 votes, one whole multiple) beats every other size (s_j <= 0.96 elsewhere).
+    # Round 2: only the 19-cluster's sizes 17..22 and the small ones are left: s_19 = 18/19.
+    # Round 3, v* = 12 (j = 4..6), 21, 31, 31, 19, 19, 19, 10 (j = 7..13): s_7 = 6/7 = 0.857 (21 = 3 x 7) beats
+    # s_6 = 5/6, s_10 = 0.9 e^-0.1 = 0.814, s_4 = 0.75, ...; its voters are the two 6-clusters and the 9-cluster.
+    # Round 4: the 10-cluster's votes alone (10 for j = 8..13): s_10 = 0.9 beats s_11 = (10/11) e^(-1/11) = 0.830.
+    assert result.winners.tolist() == [[43, 43], [19, 19], [7, 21], [10, 10]]
+    scores = size_scores(np.where(np.arange(1, 94) <= 13, expected, 0))  # the votes left for round 3
+    assert int(np.argmax(scores)) + 1 == 7 and scores[6] == pytest.approx(6 / 7, rel=1e-12)
+
+
+def test_trimming_holds_no_dense_n_by_n_temporary(rng):
+    # Beyond K: the vote bits (n^2 / 8 bytes), row batches and K_hat / K* in CSR (at most 4 times K_hat's
+    # entries at once). Any n x n temporary of 1 byte or more per entry (a bool mask, a float copy, an argsort)
+    # would break this bound (about 0.6 n^2 bytes here); K itself is float64, 64 times the bits.
+    import tracemalloc
+
+    n, batch, size = 4000, 8, 20
+    labels = np.repeat(np.arange(n // size), size)[rng.permutation(n)]
+    K = (labels[:, None] == labels[None, :]).astype(np.float64)
+    backend = _backend.resolve_device("cpu")
+    tracemalloc.start()
+    try:
+        from kkmgpu.trimming import _trim
+
+        result = _trim(K, backend, batch_size=batch)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.cluster_sizes.tolist() == [size] * (n // size) and result.nnz == n * size
+    bound = n * -(-n // 8) + 4 * result.nnz * (8 + 4) + batch * n * 80 + 2 ** 20
+    assert peak < bound < n * n, (peak, bound)
 
 
 def test_figure3_block_matrix_gives_the_papers_estimate(device, rng):
@@ -435,6 +495,15 @@ def test_fit_validates_the_trimming_parameters():
 
 def test_bad_matrices_are_rejected(rng):
     K, _ = block_matrix([5, 5])
+    for bad_value in (np.nan, np.inf):
+        bad = K.copy()
+        bad[2, 3] = bad[3, 2] = bad_value
+        with pytest.raises(ValueError, match="K contains NaN or infinity"):
+            trim_kernel_matrix(bad, device="cpu")
+    with pytest.raises(ValueError, match="K must be 2-D"):
+        trim_kernel_matrix(K[0], device="cpu")
+    with pytest.raises(ValueError, match="batch_size=0 must be >= 1"):
+        trim_kernel_matrix(K, batch_size=0, device="cpu")
     with pytest.raises(TypeError, match="needs a dense kernel matrix"):
         trim_kernel_matrix(sp.csr_matrix(K), device="cpu")
     with pytest.raises(ValueError, match="square"):
