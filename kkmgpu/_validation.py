@@ -85,7 +85,7 @@ def check_data(X, backend: Backend, *, name="X", square=False):
     if n < 1 or d < 1:
         raise ValueError(f"{name} has shape {X.shape}; at least one sample and one feature are required.")
     if square and n != d:
-        raise ValueError(f"{name} must be a square (n_samples, n_samples) kernel matrix; got shape {X.shape}.")
+        raise ValueError(f"{name} must be a square kernel matrix (n_samples, n_samples); got shape {X.shape}.")
     X = backend.asarray(X)
     if X.dtype.kind == "f" and not all_finite(X, backend.xp):
         raise ValueError(f"{name} contains NaN or infinity; every value must be finite.")
@@ -99,7 +99,7 @@ def _check_sparse_kernel(X, backend: Backend, name, square):
         raise TypeError(f"{name} is a sparse {type(X).__name__}; sparse input is accepted only as a kernel matrix "
                         "(kernel='precomputed'). Pass dense features otherwise.")
     if X.ndim != 2 or X.shape[0] != X.shape[1] or X.shape[0] < 1:
-        raise ValueError(f"{name} must be a square (n_samples, n_samples) kernel matrix; got shape {X.shape}.")
+        raise ValueError(f"{name} must be a square kernel matrix (n_samples, n_samples); got shape {X.shape}.")
     if X.dtype.kind not in "biuf":
         raise ValueError(f"{name} has dtype {X.dtype}; a real numeric sparse matrix is required.")
     dtype = None if X.dtype.kind == "f" else np.float64
