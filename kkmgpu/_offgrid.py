@@ -447,7 +447,7 @@ class WalkOutcome:
     """What one walk found: the bracket of exponents relative to ``base`` and the bookkeeping."""
 
     __slots__ = ("base", "e_lower", "e_upper", "found", "moved", "n_steps", "n_rebuilds", "capped",
-                 "at_upper", "warnings", "info")
+                 "at_upper", "warnings", "info", "depth")
 
     def __init__(self):
         self.base = None
@@ -461,6 +461,7 @@ class WalkOutcome:
         self.at_upper = False
         self.warnings = []
         self.info = None
+        self.depth = None
 
 
 class BaseInfo:
@@ -558,13 +559,16 @@ def walk_rbf(K, Kp, question: OneStepQuestion, sigma: float, depth: int, backend
 
 
 def walk_degree(K, Kp, question: OneStepQuestion, degree: float, depth: int, backend: Backend, *,
-                max_degree=None, verbose=False) -> WalkOutcome:
+                max_degree=None, max_width=None, verbose=False) -> WalkOutcome:
     """Algorithm 2 for the polynomial degree (§6.3): K_d' = B ** d' = K_d ** (d' / d), exponent q = d' / d > 1.
 
     Doubling phase: probe q = 2 (K <- K * K'); while no point moves the probe becomes the new base (K' <- K).
-    Bisection phase: ``depth - 1`` steps in [1, 2] (final width 2^(1 - depth) in q). Here a move means the
-    degree is too large, so the step divides after a move and multiplies otherwise (the branches of the
-    paper's pseudocode). On return K holds K_base ** q_upper when a move was found.
+    Bisection phase: ``depth - 1`` steps in [1, 2] (final width 2^(1 - depth) in q, base 2^(1 - depth) in
+    degrees). With ``max_width`` the depth is raised, once the doubling has fixed the base, until the final
+    bracket is at most ``max_width`` degrees wide (the integer degree search passes 1); ``out.depth`` is the
+    depth used. Here a move means the degree is too large, so the step divides after a move and multiplies
+    otherwise (the branches of the paper's pseudocode). On return K holds K_base ** q_upper when a move was
+    found.
     """
     xp = backend.xp
     dt = K.dtype
@@ -590,6 +594,9 @@ def walk_degree(K, Kp, question: OneStepQuestion, degree: float, depth: int, bac
         xp.maximum(K, floor, out=K)                  # no zeros in the new base: sqrt(0) would give 0 / 0
         xp.copyto(Kp, K)
     out.base = base
+    if max_width is not None and base > max_width:
+        depth = max(depth, 1 + math.ceil(math.log2(base / max_width)))
+    out.depth = depth
     if out.capped:
         return out
     q, q_no, q_yes, last = 2.0, 1.0, 2.0, True

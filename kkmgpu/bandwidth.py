@@ -240,7 +240,20 @@ class BandwidthSearchResult:
     def plot(self, ax=None):
         """c-NNC (left axis) and objective (right axis) against the parameter, log scale; best marked.
 
-        Needs matplotlib. Returns the left Axes.
+        Parameters
+        ----------
+        ax : matplotlib Axes, optional
+            Where to draw; a new figure by default.
+
+        Returns
+        -------
+        matplotlib Axes
+            The left axes (c-NNC); the objective is on its twin.
+
+        Raises
+        ------
+        ImportError
+            If matplotlib is not installed.
         """
         try:
             import matplotlib.pyplot as plt
@@ -342,8 +355,13 @@ def _percentile_sigma(A, backend, rng, q=1.0):
         i = rng.integers(0, n, size=PERCENTILE_SAMPLE_PAIRS)
         j = rng.integers(0, n - 1, size=PERCENTILE_SAMPLE_PAIRS)
         j = j + (j >= i)
-        diff = A[backend.asarray(i)] - A[backend.asarray(j)]
-        d = backend.to_host((diff * diff).sum(axis=1))
+        # in chunks: 1M pairs x d features at once would be 6.3 GB per temporary for d = 784
+        chunk = max(1, _offgrid.tile_rows(A.shape[1], 2 * 8, backend))
+        d = np.empty(PERCENTILE_SAMPLE_PAIRS, dtype=np.float64)
+        for p0 in range(0, PERCENTILE_SAMPLE_PAIRS, chunk):
+            p1 = min(PERCENTILE_SAMPLE_PAIRS, p0 + chunk)
+            diff = A[backend.asarray(i[p0:p1])] - A[backend.asarray(j[p0:p1])]
+            d[p0:p1] = backend.to_host((diff * diff).sum(axis=1))
     value = float(np.percentile(d, q))
     if value <= 0:
         positive = d[d > 0]
@@ -1126,9 +1144,9 @@ def search_bandwidth(X, k, *, sigma0="percentile", depth=1, refine_depth=2, max_
                 rec.brackets.append((lower, upper, walk_depth))
                 if upper > stop * (1 + 1e-12):
                     break
-                run, seconds = _run_kernel_kmeans(K, layout.weights, labels_l, k, backend, max_iter, tol, rec)
+                run, _ = _run_kernel_kmeans(K, layout.weights, labels_l, k, backend, max_iter, tol, rec)
                 labels_l = run.labels
-                index = rec.record(upper, layout.to_input(labels_l), run, walk_depth, seconds + backend.timer() - t0,
+                index = rec.record(upper, layout.to_input(labels_l), run, walk_depth, backend.timer() - t0,
                                    sigma=upper, gamma=1.0 / upper)
                 runs += 1
                 sigma = upper
@@ -1215,9 +1233,27 @@ def search_grid(X, k, *, sigmas=GRID_SIGMAS, init="random", sample_weight=None, 
     """The paper's GRIDSEARCH baseline: kernel k-means at sigma = 10^-6, 10^-5, ..., 10^6 (13 values) from
     one initial partition, every distinct clustering scored by c-NNC (and NMI).
 
-    Parameters are those of :func:`search_bandwidth`; ``sigmas`` replaces the grid. K = exp(-D / sigma) is
-    recomputed per value from the squared distances D kept on the device (when D and K fit; else from X).
-    Returns a :class:`BandwidthSearchResult` (method "grid"); ``evaluations`` has one entry per value.
+    K = exp(-D / sigma) is recomputed per value from the squared distances D kept on the device (when D and
+    K fit; else from X).
+
+    Parameters
+    ----------
+    X : array of shape (n_samples, n_features)
+    k : int
+    sigmas : sequence of float, default=GRID_SIGMAS
+        The bandwidths (each > 0), in the paper's convention exp(-||x - y||^2 / sigma).
+    init, sample_weight, y_true, max_iter, tol, random_state, device, dtype, verbose
+        As for :func:`search_bandwidth`.
+
+    Returns
+    -------
+    BandwidthSearchResult
+        method "grid"; ``evaluations`` has one entry per value.
+
+    Raises
+    ------
+    ValueError
+        A sigma <= 0 or not finite, an empty ``sigmas``, or the errors of :func:`search_bandwidth`.
     """
     t_start = time.perf_counter()
     max_iter, tol, _ = _check_common(max_iter, tol, 1)
@@ -1236,7 +1272,24 @@ def mknn_sigmas(X, n_neighbors=None, *, device="auto"):
     j-th neighbour (Von Luxburg's heuristic) is a scale s for the kernel exp(-||x - y||^2 / (2 s^2)); in the
     paper's convention exp(-||x - y||^2 / sigma) that is sigma = 2 s^2 (its footnote 1). The paper's
     published code averages 2 d_j^2 instead (and counts the point itself as its 1st neighbour).
-    Values that come out 0 (duplicate points) are dropped.
+    Values that come out 0 (duplicate points) are dropped with a UserWarning.
+
+    Parameters
+    ----------
+    X : array of shape (n_samples, n_features)
+    n_neighbors : int, optional
+        J; default int(2 (log n + 1)), at most n - 1.
+    device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
+
+    Returns
+    -------
+    list of float
+        sigma_1, ..., sigma_J (zeros dropped).
+
+    Raises
+    ------
+    ValueError
+        Bad X, or every bandwidth is 0 (the nearest neighbours coincide with the points).
     """
     backend = resolve_device(device, (X,))
     with backend.activate():
@@ -1267,7 +1320,26 @@ def search_mknn(X, k, *, n_neighbors=None, init="random", sample_weight=None, y_
     J = int(2 (log n + 1)) unless ``n_neighbors`` is given; see :func:`mknn_sigmas` for the conversion to
     the paper's kernel convention (sigma = 2 s^2). Kernel k-means runs from one initial partition at every
     value; every distinct clustering is scored by c-NNC (and NMI). The neighbour distances are computed in
-    row tiles on the device. Other parameters are those of :func:`search_bandwidth`.
+    row tiles on the device.
+
+    Parameters
+    ----------
+    X : array of shape (n_samples, n_features)
+    k : int
+    n_neighbors : int, optional
+        J (>= 1); default int(2 (log n + 1)).
+    init, sample_weight, y_true, max_iter, tol, random_state, device, dtype, verbose
+        As for :func:`search_bandwidth`.
+
+    Returns
+    -------
+    BandwidthSearchResult
+        method "mknn"; ``evaluations`` has one entry per neighbour rank.
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``n_neighbors`` not an integer >= 1, or the errors of :func:`search_bandwidth`.
     """
     t_start = time.perf_counter()
     max_iter, tol, _ = _check_common(max_iter, tol, 1)
@@ -1293,8 +1365,12 @@ def search_polynomial_degree(X, k, *, degree0=1, gamma=None, coef0=1.0, depth=No
     Critical degree: for a partition P converged at degree d, the infimum of the real degrees d' > d at
     which one kernel k-means step from P with the matrix B ** d' moves a point (Definition 1 with d in the
     place of sigma). B ** d' for a non-integer d' need not be positive semidefinite, so with
-    ``integer_degrees=True`` (default) kernel k-means runs at the first integer degree >= the bracket's
-    upper end (a valid polynomial kernel); with False it runs at the upper end itself.
+    ``integer_degrees=True`` (default) kernel k-means runs at an integer degree (a valid polynomial kernel):
+    the walk's depth is raised after its doubling phase until the bracket [lower, upper] is at most one
+    degree wide, and the next degree is the first integer m > lower when a point moves at m (one more full
+    check at B ** m when m < upper), else the next integer (>= upper). So no integer degree between two
+    evaluated ones moves a point from the earlier clustering, as far as the bracket is exact. With False
+    kernel k-means runs at the upper end itself.
 
     Parameters
     ----------
@@ -1304,8 +1380,8 @@ def search_polynomial_degree(X, k, *, degree0=1, gamma=None, coef0=1.0, depth=No
         Default 1 / n_features (as :func:`kkmgpu.fit`).
     coef0 : float, default=1.0
     depth : int, optional
-        Probes per dyadic level (final width 2^(1 - depth) d_base). Default: enough to resolve integer
-        degrees (ceil(log2(d_base)) + 1) with ``integer_degrees``, else 8.
+        Probes per dyadic level (final width 2^(1 - depth) d_base). Default 1 with ``integer_degrees``
+        (raised per walk to 1 + ceil(log2(d_base)), the depth that resolves one degree), else 8.
     max_degree : float, default=64
         Cap on the probed degrees.
     Other parameters as for :func:`search_bandwidth`.
@@ -1367,35 +1443,48 @@ def search_polynomial_degree(X, k, *, degree0=1, gamma=None, coef0=1.0, depth=No
         degree, labels_l = degree0, run.labels
         while len(rec.evaluations) < max_values:
             t0 = time.perf_counter()
-            walk_depth = depth if depth is not None else (
-                max(1, math.ceil(math.log2(degree)) + 1) if integer_degrees else 8)
-            limited = bool(limit_checks) and walk_depth > 1
+            walk_depth = depth if depth is not None else (1 if integer_degrees else 8)
+            limited = bool(limit_checks) and (walk_depth > 1 or integer_degrees)
             labels_l = layout.regroup(K, Kp, labels_l, k, limited, rec.costs)
             if int((np.bincount(backend.to_host(labels_l), minlength=k) > 0).sum()) <= 1:
                 break
             question = _offgrid.OneStepQuestion(backend, labels_l, layout.weights, k, limited=limited)
             outcome = _offgrid.walk_degree(K, Kp, question, degree, walk_depth, backend, max_degree=max_degree,
-                                           verbose=verbose)
-            rec.add_question(question)
+                                           max_width=1.0 if integer_degrees else None, verbose=verbose)
             rec.costs["fused_steps"] += outcome.n_steps
             rec.timings["walk"] += backend.timer() - t0
             if not outcome.found:
+                rec.add_question(question)
                 if verbose:
                     print(f"[kkmgpu] degree search: stop, {outcome.capped}")
                 break
             lower, upper = outcome.base * outcome.e_lower, outcome.base * outcome.e_upper
+            walk_depth = int(outcome.depth)
             rec.brackets.append((lower, upper, walk_depth))
             if integer_degrees:
-                degree = float(math.ceil(upper - 1e-9))
+                # K holds B ** upper. The first integer above lower (no move there) is the next degree when a
+                # point moves at it; the bracket is at most one degree wide, so otherwise the one after it is.
+                held = upper                             # the degree K holds
+                first = float(math.floor(lower + 1e-9) + 1)
+                degree = first
+                if first < upper - 1e-9 and first <= max_degree:
+                    build(first)
+                    held = first
+                    t1 = time.perf_counter()
+                    if question.full(K)[0] == 0:
+                        degree = first + 1.0
+                    rec.timings["walk"] += backend.timer() - t1
+                rec.add_question(question)
                 if degree > max_degree:
                     break
-                if degree != upper:
+                if abs(degree - held) > 1e-9:
                     build(degree)
             else:
+                rec.add_question(question)
                 degree = upper
-            run, seconds = _run_kernel_kmeans(K, layout.weights, labels_l, k, backend, max_iter, tol, rec)
+            run, _ = _run_kernel_kmeans(K, layout.weights, labels_l, k, backend, max_iter, tol, rec)
             labels_l = run.labels
-            index = rec.record(degree, layout.to_input(labels_l), run, walk_depth, seconds + backend.timer() - t0,
+            index = rec.record(degree, layout.to_input(labels_l), run, walk_depth, backend.timer() - t0,
                                gamma=gamma, degree=degree)
             if verbose:
                 print(f"[kkmgpu] degree search: degree {degree:g} (critical in [{lower:.4g}, {upper:.4g}]): "

@@ -83,18 +83,20 @@ def random_set(seed):
     return X, D, k, sigma
 
 
-def assert_bracket_matches_sweep(D, labels, cb, depth):
-    assert math.isfinite(cb.upper) and cb.lower < cb.upper
+def assert_bracket_matches_sweep(D, labels, cb, depth, sigma):
+    assert math.isfinite(cb.upper) and sigma <= cb.lower < cb.upper
     assert one_step_moves(D, labels, cb.lower).size == 0       # no move at lower (exact exp, float64)
     assert one_step_moves(D, labels, cb.upper).size > 0        # a move at upper
     np.testing.assert_array_equal(np.sort(cb.moved), one_step_moves(D, labels, cb.upper))
     # the dyadic level: base / lower - base / upper = 2^-depth, and base = sigma 2^m
     assert cb.base_sigma / cb.lower - cb.base_sigma / cb.upper == pytest.approx(2.0 ** -depth, rel=1e-9)
     assert cb.exponent_lower - cb.exponent_upper == pytest.approx(2.0 ** -depth, rel=1e-12)
-    # the brute-force critical value (first moving sigma' of a dense sweep) lies in the bracket
-    last_still, first_moving = first_move_on_grid(D, labels, cb.base_sigma, cb.upper)
-    assert first_moving >= cb.lower * (1 - 1e-12)
-    assert last_still <= cb.upper
+    # the stated precision: a relative width of at most 2^(1 - depth) in sigma
+    assert cb.upper / cb.lower - 1.0 <= 2.0 ** (1 - depth) * (1 + 1e-9)
+    # the brute-force critical value (first moving sigma' of a dense sweep from the partition's own sigma,
+    # Definition 1's infimum to the grid's resolution) lies in the bracket: nothing moves on (sigma, lower)
+    _, first_moving = first_move_on_grid(D, labels, sigma, cb.upper)
+    assert cb.lower * (1 - 1e-12) <= first_moving <= cb.upper
 
 
 # --- Algorithm 2 against brute force -------------------------------------------------------------------------
@@ -108,7 +110,7 @@ def test_critical_bandwidth_matches_dense_sweep(device, seed):
     cb = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=depth, device=device)
     assert cb.reason == "" and cb.sigma == cb.upper
     assert cb.n_steps >= depth and cb.n_full_checks >= 1
-    assert_bracket_matches_sweep(D, labels, cb, depth)
+    assert_bracket_matches_sweep(D, labels, cb, depth, sigma)
     # binary search (§7.3) lands in the same place within its precision
     bs = kkmgpu.binary_search_critical_bandwidth(X, labels, sigma=sigma, precision=1e-6 * sigma, device=device)
     assert bs.upper - bs.lower <= 1e-6 * sigma
@@ -123,7 +125,7 @@ def test_critical_bandwidth_on_a_shape_set(device):
     sigma = float(np.percentile(D[np.triu_indices(len(X), 1)], 1.0))
     labels = converged_labels(X, 2, sigma, 0)
     cb = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=7, device=device)
-    assert_bracket_matches_sweep(D, labels, cb, 7)
+    assert_bracket_matches_sweep(D, labels, cb, 7, sigma)
     # the same walk from the kernel matrix instead of X
     K = np.exp(-D / sigma)
     cbk = kkmgpu.critical_bandwidth(K=K, labels=labels, sigma=sigma, depth=7, device=device)
@@ -201,7 +203,7 @@ def test_underflowed_entries_are_rebuilt_from_X(device):
     assert one_step_moves(D, labels, sigma).size == 0
     cb = kkmgpu.critical_bandwidth(X, labels, sigma=sigma, depth=6, dtype="float32", device=device)
     assert cb.n_rebuilds >= 1 and cb.upper > 100 * sigma
-    assert_bracket_matches_sweep(D, labels, cb, 6)
+    assert_bracket_matches_sweep(D, labels, cb, 6, sigma)
     assert set(cb.moved) <= set(range(15, 20))
     with pytest.warns(UserWarning, match="smallest normal float32"):
         kkmgpu.critical_bandwidth(K=np.exp(-D / sigma).astype(np.float32), labels=labels, sigma=sigma, depth=6,
@@ -391,6 +393,32 @@ def test_search_bandwidth_two_circles(device):
     assert "*" in res.summary() and "c-NNC" in res.summary()
 
 
+def test_sampled_percentile_start(device, monkeypatch):
+    """Above PERCENTILE_EXACT_MAX_PAIRS sigma0 is the 1st percentile of sampled pairs' squared distances,
+    computed in chunks: equal to a direct float64 computation on the same draws, and near the exact value."""
+    from kkmgpu import bandwidth
+
+    backend = _backend.resolve_device(device)
+    rng = np.random.default_rng(31)
+    X = rng.normal(size=(400, 6)) * rng.uniform(0.5, 3.0, size=6)
+    monkeypatch.setattr(bandwidth, "PERCENTILE_EXACT_MAX_PAIRS", 1000)
+    monkeypatch.setattr(bandwidth, "PERCENTILE_SAMPLE_PAIRS", 30_000)
+    monkeypatch.setattr(_offgrid, "TILE_BYTES", 16 * 6 * 97)             # chunks of 97 pairs
+    monkeypatch.setattr(_offgrid, "TILE_BYTES_GPU", 16 * 6 * 97)
+    A = _offgrid.centered_features(X, backend)
+    value = bandwidth._percentile_sigma(A, backend, np.random.default_rng(5))
+    draws = np.random.default_rng(5)
+    i = draws.integers(0, 400, size=30_000)
+    j = draws.integers(0, 399, size=30_000)
+    j = j + (j >= i)
+    assert value == pytest.approx(np.percentile(((X[i] - X[j]) ** 2).sum(1), 1.0), rel=1e-12)
+    exact = np.percentile(sq_distances(X)[np.triu_indices(400, 1)], 1.0)
+    assert value == pytest.approx(exact, rel=0.1)
+    res = kkmgpu.search_bandwidth(X, 3, max_values=2, refine_depth=0, random_state=np.random.default_rng(5),
+                                  device=device)
+    assert res.start == pytest.approx(value, rel=1e-12)
+
+
 def test_search_options_and_plot(device):
     pytest.importorskip("matplotlib")
     import matplotlib
@@ -449,6 +477,18 @@ def test_grid_and_mknn_baselines(device):
         assert res.best.cnnc == min(c.cnnc for c in res.clusterings)
 
 
+def poly_one_step_moves(K, labels):
+    """Indices one kernel k-means assignment step moves on the kernel matrix K (plain float64, Eq. 2)."""
+    labels = np.asarray(labels)
+    k = int(labels.max()) + 1
+    Y = np.eye(k)[labels]
+    S = K @ Y
+    sizes = Y.sum(0)
+    safe = np.where(sizes > 0, sizes, 1.0)
+    dist = np.where(sizes > 0, np.diag(K)[:, None] - 2 * S / safe + (Y * S).sum(0) / safe**2, np.inf)
+    return np.flatnonzero(dist.argmin(1) != labels)
+
+
 def test_polynomial_degree_search(device):
     rng = np.random.default_rng(4)
     X = np.concatenate([rng.normal(size=(30, 2)) * 0.3 + [2, 0], rng.normal(size=(30, 2)) * 0.3 + [0, 2]])
@@ -457,18 +497,36 @@ def test_polynomial_degree_search(device):
     degrees = [e["value"] for e in res.evaluations]
     assert degrees[0] == 1 and degrees == sorted(degrees) and all(d == int(d) for d in degrees)
     for (lower, upper, _), d in zip(res.brackets, degrees[1:]):
-        assert lower < upper <= d
+        assert lower < upper <= lower + 1.0 and d in (math.floor(lower) + 1, math.floor(lower) + 2)
     G = 0.5 * X @ X.T + 2.0
     for c in res.clusterings:                               # fixed points at their (integer) degree
-        K = G ** c.degree
-        labels = c.labels
-        Y = np.eye(2)[labels]
-        S = K @ Y
-        sizes = Y.sum(0)
-        dist = np.diag(K)[:, None] - 2 * S / sizes + (Y * S).sum(0) / sizes**2
-        assert np.all(dist.argmin(1) == labels)
+        assert poly_one_step_moves(G ** c.degree, c.labels).size == 0
     with pytest.raises(ValueError, match="larger coef0"):
         kkmgpu.search_polynomial_degree(X - X.mean(0), 2, coef0=0.0, device=device)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 10])
+def test_polynomial_degree_search_matches_integer_sweep(device, seed):
+    """§6.3 against brute force: every bracket has no move at its lower end, a move at its upper end (real
+    powers of B, float64) and is at most one degree wide; no integer degree strictly between two evaluated
+    degrees moves a point from the earlier clustering (the search does not skip a critical integer degree)."""
+    rng = np.random.default_rng(seed)
+    X = np.concatenate([rng.normal(size=(25, 2)) * 0.4 + [2, 0], rng.normal(size=(25, 2)) * 0.4 + [0, 2],
+                        rng.normal(size=(25, 2)) * 0.4 + [1, 1]])
+    res = kkmgpu.search_polynomial_degree(X, 3, coef0=4.0, gamma=0.5, max_degree=32, random_state=seed,
+                                          device=device)
+    B = 0.5 * X @ X.T + 4.0
+    ev = res.evaluations
+    assert len(ev) >= 4
+    for (lower, upper, depth), a, b in zip(res.brackets, ev[:-1], ev[1:]):
+        labels = res.clusterings[a["clustering"]].labels
+        assert a["value"] <= lower < upper <= lower + 1.0 and depth >= 1
+        assert poly_one_step_moves(B ** lower, labels).size == 0
+        assert poly_one_step_moves(B ** upper, labels).size > 0
+        for m in range(int(a["value"]) + 1, int(b["value"])):
+            assert poly_one_step_moves(B ** m, labels).size == 0, (a["value"], m, b["value"])
+        if b["value"] < upper:                             # the first integer above lower, chosen because it moves
+            assert poly_one_step_moves(B ** b["value"], labels).size > 0
 
 
 # --- validation -----------------------------------------------------------------------------------------------------
