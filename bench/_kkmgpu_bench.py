@@ -682,6 +682,78 @@ def _json_default(value):
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
+def git_state(repo_root: Path = Path(__file__).resolve().parents[1]):
+    """The commit of the working tree, and whether kkmgpu/ differs from it (None outside a git checkout)."""
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kkmgpu"], cwd=repo_root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {"commit": commit, "kkmgpu_modified": bool(dirty)}
+
+
+class ScriptRun:
+    """One invocation of a bench script: its metadata and the cases it merges into its result file.
+
+    The file is ``<results_dir>/<YYYY-MM-DD>-<device slug>-<topic>.json`` (results_dir: the argument, else
+    ``$KKMGPU_BENCH_RESULTS_DIR``, else ``bench/results``); it is rewritten after every case, so a long run that
+    is cut off keeps what it measured. A case replaces an earlier one with the same id; runs whose cases are
+    all replaced are dropped. Subclasses add per-case fields (:meth:`case_extra`), end-of-run metadata
+    (:meth:`meta_extra`) and document fields (``document_extra``).
+    """
+
+    def __init__(self, device, argv, *, script: str, topic: str, schema: str, results_dir=None,
+                 document_extra: dict | None = None, versions_extra: dict | None = None):
+        self.device, self.schema = device, schema
+        self.ident = device_identity(device)
+        target = results_dir or os.environ.get("KKMGPU_BENCH_RESULTS_DIR", "").strip()
+        folder = Path(target) if target else Path(__file__).resolve().parent / "results"
+        self.path = folder / f"{datetime.date.today().isoformat()}-{self.ident['slug']}-{topic}.json"
+        started = datetime.datetime.now(datetime.timezone.utc)
+        self.run_id = started.strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.document_extra = dict(document_extra or {})
+        self.meta = {"run_id": self.run_id, "started": started.isoformat(timespec="seconds"),
+                     "command": ["python", script, *argv], "versions": {**versions(), **(versions_extra or {})},
+                     "host": host_info(), "load_average_start": list(os.getloadavg()), "git": git_state()}
+        self.cases = []
+
+    def case_extra(self) -> dict:
+        return {}
+
+    def meta_extra(self) -> dict:
+        return {}
+
+    def add(self, case):
+        case = {"id": case["id"], "run_id": self.run_id, "device": self.device, **self.case_extra(), **case}
+        self.cases = [c for c in self.cases if c["id"] != case["id"]] + [case]
+        self.write()
+        return case
+
+    def write(self):
+        document = {"schema": self.schema, "device": self.ident["slug"], "device_name": self.ident["name"],
+                    "device_kind": self.ident["kind"], "gpu": self.ident["gpu"], "runs": [], "cases": []}
+        if self.path.exists():
+            try:
+                old = json.loads(self.path.read_text())
+                if old.get("schema") == self.schema:
+                    document["runs"], document["cases"] = old.get("runs", []), old.get("cases", [])
+            except (OSError, ValueError):
+                pass
+        ids = {c["id"] for c in self.cases}
+        cases = sorted([c for c in document["cases"] if c["id"] not in ids] + self.cases, key=lambda c: c["id"])
+        meta = dict(self.meta, finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    load_average_end=list(os.getloadavg()), **self.meta_extra())
+        used = {c["run_id"] for c in cases}
+        runs = [r for r in document["runs"] if r["run_id"] in used and r["run_id"] != self.run_id] + [meta]
+        document.update(versions=meta["versions"], runs=runs, cases=cases, **self.document_extra)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(document, indent=1, default=_json_default) + "\n")
+
+
 def write_results(recorder: Recorder, floors: Floors, results_dir: Path, argv: list[str]) -> list[Path]:
     """Write (or merge into) one result file per benchmarked device; host-side cases go into every file."""
     recorder.finalize(floors)

@@ -27,7 +27,6 @@ routine (kkmgpu._cats.exact_objective), so the ratio does not mix precisions.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -91,82 +90,12 @@ def free_bytes(device):
     return _backend.resolve_device(device).available_bytes()
 
 
-def identity(device):
-    from _kkmgpu_bench import device_identity
+def Run(device, argv, results_dir=None):
+    """This invocation's cases, merged into <date>-<device>-cats.json (``_kkmgpu_bench.ScriptRun``)."""
+    from _kkmgpu_bench import ScriptRun
 
-    return device_identity(device)
-
-
-def results_path(device, results_dir=None) -> Path:
-    target = results_dir or os.environ.get("KKMGPU_BENCH_RESULTS_DIR", "").strip()
-    folder = Path(target) if target else DEFAULT_RESULTS_DIR
-    return folder / f"{datetime.date.today().isoformat()}-{identity(device)['slug']}-cats.json"
-
-
-class Run:
-    """One invocation: its metadata, and the cases it merges into the device's result file."""
-
-    def __init__(self, device, argv, results_dir=None):
-        from _kkmgpu_bench import host_info, versions
-
-        self.device = device
-        self.path = results_path(device, results_dir)
-        self.started = datetime.datetime.now(datetime.timezone.utc)
-        self.run_id = self.started.strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.meta = {"run_id": self.run_id, "started": self.started.isoformat(timespec="seconds"),
-                     "command": ["python", "bench/bench_cats.py", *argv], "versions": versions(),
-                     "host": host_info(), "load_average_start": list(os.getloadavg()), "git": git_state()}
-        self.cases = []
-
-    def add(self, case):
-        case = {"id": case["id"], "run_id": self.run_id, "device": self.device, **case}
-        self.cases = [c for c in self.cases if c["id"] != case["id"]] + [case]
-        self.write()  # after every case: a long run that is cut off keeps what it measured
-        return case
-
-    def write(self):
-        ident = identity(self.device)
-        document = {"schema": SCHEMA, "device": ident["slug"], "device_name": ident["name"],
-                    "device_kind": ident["kind"], "gpu": ident["gpu"], "runs": [], "cases": []}
-        if self.path.exists():
-            try:
-                old = json.loads(self.path.read_text())
-                if old.get("schema") == SCHEMA:
-                    document["runs"], document["cases"] = old.get("runs", []), old.get("cases", [])
-            except (OSError, ValueError):
-                pass
-        new_ids = {case["id"] for case in self.cases}
-        cases = [c for c in document["cases"] if c["id"] not in new_ids] + self.cases
-        cases.sort(key=lambda c: c["id"])
-        meta = dict(self.meta, finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    load_average_end=list(os.getloadavg()))
-        used = {c["run_id"] for c in cases}
-        runs = [r for r in document["runs"] if r["run_id"] in used and r["run_id"] != self.run_id] + [meta]
-        document.update(versions=meta["versions"], runs=runs, cases=cases, paper=PAPER)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(document, indent=1, default=_json_default) + "\n")
-
-
-def git_state():
-    """The commit of the working tree, and whether kkmgpu/ differs from it (None outside a git checkout)."""
-    import subprocess
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kkmgpu"], cwd=REPO_ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return {"commit": commit, "kkmgpu_modified": bool(dirty)}
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+    return ScriptRun(device, argv, script="bench/bench_cats.py", topic="cats", schema=SCHEMA,
+                     results_dir=results_dir, document_extra={"paper": PAPER})
 
 
 # ------------------------------------------------------------------------------------------ protocol pieces
@@ -595,7 +524,8 @@ def cmd_scaling(args, run):
         fit = {rule: {"slope": slope([n for n, _ in pts], [t for _, t in pts]), "n": [n for n, _ in pts],
                       "per_iteration_s": [t for _, t in pts]} for rule, pts in series.items()}
         for rule, f in fit.items():
-            print(f"[scaling] {data} {rule}: log-log slope of time per iteration vs n = {f['slope']:.3f}", flush=True)
+            shown = "n/a (fewer than two sizes)" if f["slope"] is None else f"{f['slope']:.3f}"
+            print(f"[scaling] {data} {rule}: log-log slope of time per iteration vs n = {shown}", flush=True)
         run.add({"id": f"scaling-fit-{data}", "benchmark": "scaling_fit", "data": data, "n": max(ns), "k": k,
                  "fixed_l": args.fixed_l, "fit": fit,
                  "expected": {"sqrt": "l = ceil(sqrt(n/k)): n^1.5 (delta = 0.5)", "fixed": "fixed l: n^1",

@@ -26,7 +26,6 @@ the paper does. RBF kernel in the paper's convention k(x, y) = exp(-||x - y||^2 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -128,86 +127,25 @@ def synchronize(device):
         _backend.import_cupy().cuda.Device().synchronize()
 
 
-def identity(device):
-    from _kkmgpu_bench import device_identity
+def Run(device, argv, results_dir=None):
+    """This invocation's cases, merged into <date>-<device>-offgrid.json (``_kkmgpu_bench.ScriptRun``), with the
+    load average after every case and the CPU time other processes used during the run."""
+    from _kkmgpu_bench import ForeignCpu, ScriptRun
 
-    return device_identity(device)
+    class OffgridRun(ScriptRun):
+        def __init__(self):
+            super().__init__(device, argv, script="bench/bench_offgrid.py", topic="offgrid", schema=SCHEMA,
+                             results_dir=results_dir, document_extra={"paper": PAPER},
+                             versions_extra={"scikit_learn": _sklearn_version()})
+            self.foreign = ForeignCpu()
 
+        def case_extra(self):
+            return {"load_average_at_end": list(os.getloadavg())}
 
-def results_path(device, results_dir=None) -> Path:
-    target = results_dir or os.environ.get("KKMGPU_BENCH_RESULTS_DIR", "").strip()
-    folder = Path(target) if target else DEFAULT_RESULTS_DIR
-    return folder / f"{datetime.date.today().isoformat()}-{identity(device)['slug']}-offgrid.json"
+        def meta_extra(self):
+            return {"cpu_use_during_run": self.foreign.seconds()}
 
-
-def git_state():
-    """The commit of the working tree, and whether kkmgpu/ differs from it (None outside a git checkout)."""
-    import subprocess
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kkmgpu"], cwd=REPO_ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return {"commit": commit, "kkmgpu_modified": bool(dirty)}
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-class Run:
-    """One invocation: its metadata (load average at start and end), and the cases it merges into the file."""
-
-    def __init__(self, device, argv, results_dir=None):
-        from _kkmgpu_bench import ForeignCpu, host_info, versions
-
-        self.device = device
-        self.path = results_path(device, results_dir)
-        self.started = datetime.datetime.now(datetime.timezone.utc)
-        self.run_id = self.started.strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.foreign = ForeignCpu()
-        v = versions()
-        v["scikit_learn"] = _sklearn_version()
-        self.meta = {"run_id": self.run_id, "started": self.started.isoformat(timespec="seconds"),
-                     "command": ["python", "bench/bench_offgrid.py", *argv], "versions": v,
-                     "host": host_info(), "load_average_start": list(os.getloadavg()), "git": git_state()}
-        self.cases = []
-
-    def add(self, case):
-        case = {"id": case["id"], "run_id": self.run_id, "device": self.device,
-                "load_average_at_end": list(os.getloadavg()), **case}
-        self.cases = [c for c in self.cases if c["id"] != case["id"]] + [case]
-        self.write()  # after every case: a long run that is cut off keeps what it measured
-        return case
-
-    def write(self):
-        ident = identity(self.device)
-        document = {"schema": SCHEMA, "device": ident["slug"], "device_name": ident["name"],
-                    "device_kind": ident["kind"], "gpu": ident["gpu"], "runs": [], "cases": []}
-        if self.path.exists():
-            try:
-                old = json.loads(self.path.read_text())
-                if old.get("schema") == SCHEMA:
-                    document["runs"], document["cases"] = old.get("runs", []), old.get("cases", [])
-            except (OSError, ValueError):
-                pass
-        new_ids = {case["id"] for case in self.cases}
-        cases = [c for c in document["cases"] if c["id"] not in new_ids] + self.cases
-        cases.sort(key=lambda c: c["id"])
-        meta = dict(self.meta, finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    load_average_end=list(os.getloadavg()), cpu_use_during_run=self.foreign.seconds())
-        used = {c["run_id"] for c in cases}
-        runs = [r for r in document["runs"] if r["run_id"] in used and r["run_id"] != self.run_id] + [meta]
-        document.update(versions=meta["versions"], runs=runs, cases=cases, paper=PAPER)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(document, indent=1, default=_json_default) + "\n")
+    return OffgridRun()
 
 
 def _sklearn_version():

@@ -31,9 +31,7 @@ recorded at the start and end of the run and of every case: timings on a shared 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
 import math
 import os
 import resource
@@ -86,81 +84,17 @@ def default_device() -> str:
     return "cuda" if _backend.cuda_unavailable_reason() is None else "cpu"
 
 
-def identity(device):
-    from _kkmgpu_bench import device_identity
+def Run(device, argv, results_dir=None):
+    """This invocation's cases, merged into <date>-<device>-trimming.json (``_kkmgpu_bench.ScriptRun``), with
+    the process's peak resident memory."""
+    from _kkmgpu_bench import ScriptRun
 
-    return device_identity(device)
+    class TrimmingRun(ScriptRun):
+        def meta_extra(self):
+            return {"peak_rss_bytes": peak_rss_bytes()}
 
-
-def results_path(device, results_dir=None) -> Path:
-    target = results_dir or os.environ.get("KKMGPU_BENCH_RESULTS_DIR", "").strip()
-    folder = Path(target) if target else DEFAULT_RESULTS_DIR
-    return folder / f"{datetime.date.today().isoformat()}-{identity(device)['slug']}-trimming.json"
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-def git_state():
-    import subprocess
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kkmgpu"], cwd=REPO_ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return {"commit": commit, "kkmgpu_modified": bool(dirty)}
-
-
-class Run:
-    """One invocation: its metadata, and the cases it merges into the device's result file."""
-
-    def __init__(self, device, argv, results_dir=None):
-        from _kkmgpu_bench import host_info, versions
-
-        self.device = device
-        self.path = results_path(device, results_dir)
-        self.started = datetime.datetime.now(datetime.timezone.utc)
-        self.run_id = self.started.strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.meta = {"run_id": self.run_id, "started": self.started.isoformat(timespec="seconds"),
-                     "command": ["python", "bench/bench_trimming.py", *argv], "versions": versions(),
-                     "host": host_info(), "load_average_start": list(os.getloadavg()), "git": git_state()}
-        self.cases = []
-
-    def add(self, case):
-        case = {"id": case["id"], "run_id": self.run_id, "device": self.device, **case}
-        self.cases = [c for c in self.cases if c["id"] != case["id"]] + [case]
-        self.write()  # after every case: a long run that is cut off keeps what it measured
-        return case
-
-    def write(self):
-        ident = identity(self.device)
-        document = {"schema": SCHEMA, "device": ident["slug"], "device_name": ident["name"],
-                    "device_kind": ident["kind"], "gpu": ident["gpu"], "runs": [], "cases": []}
-        if self.path.exists():
-            try:
-                old = json.loads(self.path.read_text())
-                if old.get("schema") == SCHEMA:
-                    document["runs"], document["cases"] = old.get("runs", []), old.get("cases", [])
-            except (OSError, ValueError):
-                pass
-        new_ids = {case["id"] for case in self.cases}
-        cases = [c for c in document["cases"] if c["id"] not in new_ids] + self.cases
-        cases.sort(key=lambda c: c["id"])
-        meta = dict(self.meta, finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    load_average_end=list(os.getloadavg()), peak_rss_bytes=peak_rss_bytes())
-        used = {c["run_id"] for c in cases}
-        runs = [r for r in document["runs"] if r["run_id"] in used and r["run_id"] != self.run_id] + [meta]
-        document.update(versions=meta["versions"], runs=runs, cases=cases, paper=PAPER)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(document, indent=1, default=_json_default) + "\n")
+    return TrimmingRun(device, argv, script="bench/bench_trimming.py", topic="trimming", schema=SCHEMA,
+                       results_dir=results_dir, document_extra={"paper": PAPER})
 
 
 # ------------------------------------------------------------------------------------------ measurements
