@@ -112,10 +112,17 @@ def _tile_epilogue(G, row_sq, col_sq, kind, gamma, coef0, degree, col_points, ro
         _row_epilogue(G[i], a, col_sq, kind, gamma, coef0, degree, col_points, row0 + i)
 
 
-def _norms(sq, dtype, size):
-    if sq is None or sq.shape[0] != size:
-        return np.zeros(max(1, size), dtype=dtype)
-    return np.ascontiguousarray(sq, dtype=dtype)
+def _tile_norms(row_sq, col_sq, G):
+    """(row_sq, col_sq) in G's dtype, one per row / column of the tile G (zeros when None: unused)."""
+    out = []
+    for sq, size, what in ((row_sq, G.shape[0], "row_sq"), (col_sq, G.shape[1], "col_sq")):
+        if sq is None:
+            out.append(np.zeros(max(1, size), dtype=G.dtype))
+        elif sq.shape != (size,):
+            raise ValueError(f"{what} has shape {sq.shape}; the tile G of shape {G.shape} needs ({size},).")
+        else:
+            out.append(np.ascontiguousarray(sq, dtype=G.dtype))
+    return out
 
 
 def _check(G, S=None):
@@ -155,7 +162,7 @@ def tile_cluster_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, clusters, c
     bounds = np.flatnonzero(np.diff(clusters)) + 1
     seg_starts = np.concatenate(([0], bounds, [m])).astype(np.int64)
     seg_clusters = np.ascontiguousarray(clusters[seg_starts[:-1]], dtype=np.int64)
-    _tile_cluster_sums(G, _norms(row_sq, G.dtype, t), _norms(col_sq, G.dtype, m), int(kind), float(gamma),
+    _tile_cluster_sums(G, *_tile_norms(row_sq, col_sq, G), int(kind), float(gamma),
                        float(coef0), int(degree), seg_starts, seg_clusters,
                        np.ascontiguousarray(coeffs, dtype=np.float64),
                        np.ascontiguousarray(col_points, dtype=np.int64), int(row0), S)
@@ -173,7 +180,7 @@ def tile_moved_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, new_clusters,
     if t == 0 or m == 0:
         return S
     _check(G, S)
-    _tile_moved_sums(G, _norms(row_sq, G.dtype, t), _norms(col_sq, G.dtype, m), int(kind), float(gamma),
+    _tile_moved_sums(G, *_tile_norms(row_sq, col_sq, G), int(kind), float(gamma),
                      float(coef0), int(degree), np.ascontiguousarray(new_clusters, dtype=np.int32),
                      np.ascontiguousarray(old_clusters, dtype=np.int32),
                      np.ascontiguousarray(coeffs, dtype=np.float64),
@@ -187,6 +194,6 @@ def tile_epilogue(G, row_sq, col_sq, kind, gamma, coef0, degree, col_points, row
     if t == 0 or m == 0:
         return G
     _check(G)
-    _tile_epilogue(G, _norms(row_sq, G.dtype, t), _norms(col_sq, G.dtype, m), int(kind), float(gamma),
+    _tile_epilogue(G, *_tile_norms(row_sq, col_sq, G), int(kind), float(gamma),
                    float(coef0), int(degree), np.ascontiguousarray(col_points, dtype=np.int64), int(row0))
     return G

@@ -41,10 +41,17 @@ def _function(name: str, dtype, shared=None):
     return _module(cp.cuda.runtime.getDevice()).get_function(f"{name}<{template}>")
 
 
-def _norms(cp, sq, dtype, size):
-    if sq is None or sq.shape[0] != size:
-        return cp.zeros(max(1, size), dtype=dtype)
-    return cp.ascontiguousarray(sq, dtype=dtype)
+def _tile_norms(cp, row_sq, col_sq, G):
+    """(row_sq, col_sq) in G's dtype, one per row / column of the tile G (zeros when None: unused)."""
+    out = []
+    for sq, size, what in ((row_sq, G.shape[0], "row_sq"), (col_sq, G.shape[1], "col_sq")):
+        if sq is None:
+            out.append(cp.zeros(max(1, size), dtype=G.dtype))
+        elif sq.shape != (size,):
+            raise ValueError(f"{what} has shape {sq.shape}; the tile G of shape {G.shape} needs ({size},).")
+        else:
+            out.append(cp.ascontiguousarray(sq, dtype=G.dtype))
+    return out
 
 
 def _check(G, S=None):
@@ -65,7 +72,7 @@ def tile_cluster_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, clusters, c
     shared = k <= SHARED_MAX_CLUSTERS
     _function("tile_cluster_sums", G.dtype, shared)(
         (int(min(t, 65535 * 8)),), (_THREADS,),
-        (G, _norms(cp, row_sq, G.dtype, t), _norms(cp, col_sq, G.dtype, m), np.int64(t), np.int64(m),
+        (G, *_tile_norms(cp, row_sq, col_sq, G), np.int64(t), np.int64(m),
          np.int32(kind), np.float64(gamma), np.float64(coef0), np.int32(degree),
          cp.ascontiguousarray(clusters, dtype=cp.int32), cp.ascontiguousarray(coeffs, dtype=cp.float64),
          cp.ascontiguousarray(col_points, dtype=cp.int64), np.int64(row0), S, np.int32(k)),
@@ -85,7 +92,7 @@ def tile_moved_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, new_clusters,
     shared = k <= SHARED_MAX_CLUSTERS
     _function("tile_moved_sums", G.dtype, shared)(
         (int(min(t, 65535 * 8)),), (_THREADS,),
-        (G, _norms(cp, row_sq, G.dtype, t), _norms(cp, col_sq, G.dtype, m), np.int64(t), np.int64(m),
+        (G, *_tile_norms(cp, row_sq, col_sq, G), np.int64(t), np.int64(m),
          np.int32(kind), np.float64(gamma), np.float64(coef0), np.int32(degree),
          cp.ascontiguousarray(new_clusters, dtype=cp.int32), cp.ascontiguousarray(old_clusters, dtype=cp.int32),
          cp.ascontiguousarray(coeffs, dtype=cp.float64), cp.ascontiguousarray(col_points, dtype=cp.int64),
@@ -103,7 +110,7 @@ def tile_epilogue(G, row_sq, col_sq, kind, gamma, coef0, degree, col_points, row
     _check(G)
     _function("tile_epilogue", G.dtype)(
         (int(min(t, 65535 * 8)),), (_THREADS,),
-        (G, _norms(cp, row_sq, G.dtype, t), _norms(cp, col_sq, G.dtype, m), np.int64(t), np.int64(m),
+        (G, *_tile_norms(cp, row_sq, col_sq, G), np.int64(t), np.int64(m),
          np.int32(kind), np.float64(gamma), np.float64(coef0), np.int32(degree),
          cp.ascontiguousarray(col_points, dtype=cp.int64), np.int64(row0)))
     return G

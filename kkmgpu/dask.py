@@ -65,11 +65,26 @@ class _Block:
             self.source = _cats.KernelSource(self.A, spec, self.backend)
 
 
+def _host(a):
+    """``a`` as a NumPy array (CuPy arrays and scalars through ``.get()``: they refuse implicit conversion)."""
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
 def _assemble(spec, dtype, *parts):
-    """The prepared features of every point (host), from the Dask array's row chunks."""
+    """The prepared features of every point (host), from the Dask array's row chunks (NumPy or CuPy).
+
+    Each chunk is prepared (centred, cast) on its own into one preallocated array, so the peak is the
+    n x d result plus one chunk in float64, not a float64 copy of all of X.
+    """
     backend = Backend("cpu")
-    return _kernels.prepare_features(np.concatenate([np.asarray(p) if not hasattr(p, "get") else p.get()
-                                                     for p in parts]), spec, backend, dtype)
+    n = sum(int(p.shape[0]) for p in parts)
+    out = np.empty((n, int(parts[0].shape[1])), dtype=dtype)
+    i0 = 0
+    for p in parts:
+        i1 = i0 + int(p.shape[0])
+        out[i0:i1] = _kernels.prepare_features(_host(p), spec, backend, dtype)
+        i0 = i1
+    return out
 
 
 def _make_block(A, weights, spec, r0, r1, device, tile_rows, tf32):
@@ -234,6 +249,7 @@ def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params):
     if gamma is None and needs_gamma:
         gamma = "scale" if name in ("rbf", "laplacian") else "auto"
     mean, var = da.compute(X.mean(axis=0, dtype=np.float64), X.astype(np.float64).var())
+    mean, var = _host(mean).astype(np.float64), float(_host(var))  # CuPy chunks give CuPy results
     if needs_gamma and gamma == "scale":
         gamma = 1.0 / (d * float(var)) if var > 0 else 1.0
     elif needs_gamma and gamma == "auto":
@@ -241,7 +257,7 @@ def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params):
     spec = _kernels.resolve_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0, kernel_params=kernel_params,
                                    X=np.zeros((1, d)), xp=np)
     if name in ("rbf", "laplacian"):
-        spec = dataclasses.replace(spec, center=np.asarray(mean, dtype=np.float64))
+        spec = dataclasses.replace(spec, center=mean)
     return spec
 
 
@@ -433,6 +449,8 @@ random_state, verbose, update, tf32
     ------
     TypeError, ValueError
         For invalid data or parameters; the message names the value and the rule.
+    RuntimeError
+        If the client's cluster has no workers (checked before anything is computed, which would wait forever).
 
     Examples
     --------
@@ -462,6 +480,12 @@ random_state, verbose, update, tf32
         raise ValueError(f"device={device!r} is not valid for kkmgpu.dask; use 'auto', 'cpu' or 'cuda' (each "
                          "worker resolves it to its own device).")
     rng = _validation.make_rng(random_state)
+    # Client.nthreads() asks the scheduler directly; scheduler_info() can return the client's cached identity,
+    # which a periodic refresh may have just replaced by one without the workers (seen as a flaky empty list)
+    addresses = sorted(client.nthreads())
+    if not addresses:
+        raise RuntimeError("the Dask cluster has no workers; start some (or wait with client.wait_for_workers(n)) "
+                           "before kkmgpu.dask.fit (it would wait for them forever).")
     X = _check_dask_array(X)
     n = X.shape[0]
     k = _validation.check_k(k, n)
@@ -477,7 +501,6 @@ random_state, verbose, update, tf32
     t_valid = time.perf_counter()
 
     # one block of contiguous rows per worker; every worker gets all features once
-    addresses = sorted(client.scheduler_info()["workers"])
     n_blocks = min(len(addresses), n)
     addresses = addresses[:n_blocks]
     bounds = np.linspace(0, n, n_blocks + 1).astype(np.int64)
@@ -488,6 +511,7 @@ random_state, verbose, update, tf32
         A_f = client.submit(_assemble, spec, ct, *parts, workers=[address], allow_other_workers=False, pure=False)
         blocks.append(client.submit(_make_block, A_f, weights_f, spec, int(bounds[b]), int(bounds[b + 1]), device,
                                     tile_rows, tf32, workers=[address], allow_other_workers=False, pure=False))
+    del A_f  # the host copy of the features is released once its block holds them (on a GPU: on the device)
     cluster = _Cluster(client, blocks, addresses, bounds)
     info = cluster.gather(cluster.map(_block_info))
     device_name = info[0][0]

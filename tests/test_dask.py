@@ -13,6 +13,7 @@ distributed = pytest.importorskip("distributed")
 import kkmgpu  # noqa: E402
 import kkmgpu.dask  # noqa: E402
 import reference  # noqa: E402
+from conftest import cuda_skip_reason  # noqa: E402
 
 ONE_THREAD = {name: "1" for name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
@@ -40,6 +41,7 @@ def test_import_kkmgpu_does_not_import_dask():
     ("rbf", dict(gamma=0.1)),
     ("polynomial", dict(gamma=0.2, degree=2, coef0=1.0)),
     ("laplacian", dict(gamma=0.3)),
+    ("sigmoid", dict(gamma=0.05, coef0=0.3)),
     ("linear", {}),
     (lambda A, B: (A @ B.T / 5.0 + 1.0) ** 2, {}),  # a callable (pickled by value to the workers)
 ])
@@ -129,3 +131,38 @@ def test_nan_is_rejected(client):
     X[3, 1] = np.nan
     with pytest.raises(ValueError, match="NaN or infinity"):
         kkmgpu.dask.fit(da.from_array(X, chunks=10), 2, client=client)
+
+
+def test_a_cluster_without_workers_is_a_clear_error():
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, \
+            distributed.Client(cluster) as client:
+        X = da.from_array(np.random.default_rng(9).normal(size=(20, 3)), chunks=10)
+        with pytest.raises(RuntimeError, match="has no workers"):
+            kkmgpu.dask.fit(X, 2, device="cpu", client=client)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,params", [("rbf", dict(gamma=0.1)),
+                                           ("polynomial", dict(gamma=0.2, degree=2, coef0=1.0))])
+def test_cupy_chunks_on_gpu_workers_same_labels_as_single_gpu(kernel, params):
+    """CuPy chunks (as dask-cuda users have them), GPU workers (two threads sharing device 0): the labels of
+    kkmgpu.fit on the GPU from the same initial labels, and the objective of the float64 reference."""
+    reason = cuda_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import cupy
+
+    X, rng = _blobs(10, n=530)
+    init = rng.integers(0, 3, X.shape[0])
+    kw = dict(kernel=kernel, dtype="float64", device="cuda", init=init, tol=0.0, **params)
+    single = kkmgpu.fit(X, 3, engine="tiled", **kw)
+    Xc = da.from_array(X, chunks=(100, -1)).map_blocks(cupy.asarray)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+        dist = kkmgpu.dask.fit(Xc, 3, client=client, **kw)
+    assert dist.device.startswith("cuda")
+    np.testing.assert_array_equal(dist.labels, single.labels)
+    np.testing.assert_allclose(dist.objective_history, single.objective_history, rtol=1e-9)
+    K = reference.kernel_matrix(X, kernel=kernel, params=params)
+    np.testing.assert_allclose(dist.objective, reference.kernel_kmeans_objective(K, dist.labels, np.ones(530), 3),
+                               rtol=1e-9)

@@ -160,6 +160,22 @@ def test_tile_epilogue_matches_float64_formula(backend, name, dtype):
         assert out[1, 0] == 1.0 and out[20, 1] == 1.0  # the diagonal entries are exactly 1
 
 
+@pytest.mark.parametrize("op", ["tile_cluster_sums", "tile_moved_sums", "tile_epilogue"])
+def test_twins_reject_squared_norms_of_the_wrong_length(backend, op):
+    G = backend.asarray(np.zeros((3, 4)))
+    S = backend.asarray(np.zeros((3, 2)))
+    c = backend.asarray(np.zeros(4, dtype=np.int32))
+    w = backend.asarray(np.ones(4))
+    points = backend.asarray(np.arange(4, dtype=np.int64))
+    fn = getattr(_tiled.tiled_ops(backend), op)
+    rest = {"tile_cluster_sums": (c, w, points, 0, S), "tile_moved_sums": (c, c, w, points, 0, S),
+            "tile_epilogue": (points, 0)}[op]
+    with pytest.raises(ValueError, match=r"col_sq has shape \(3,\); the tile G of shape \(3, 4\) needs \(4,\)"):
+        fn(G, backend.asarray(np.ones(3)), backend.asarray(np.ones(3)), 1, 0.5, 0.0, 3, *rest)
+    with pytest.raises(ValueError, match=r"row_sq has shape \(4,\)"):
+        fn(G, backend.asarray(np.ones(4)), backend.asarray(np.ones(4)), 1, 0.5, 0.0, 3, *rest)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["rbf", "laplacian", "polynomial", "sigmoid", "linear"])
 @pytest.mark.parametrize("k", [4, 5000])  # shared-memory sums, and global atomics past SHARED_MAX_CLUSTERS
@@ -180,8 +196,9 @@ def test_cuda_twin_equals_numba_twin(name, k):
         # the CPU twins overwrite G with kernel values (G is scratch): each call gets its own copy
         ops.tile_cluster_sums(be.asarray(G.copy()), be.asarray(a), be.asarray(b), _kernels.EPILOGUE_CODES[name], 0.3,
                               0.7, 3, be.asarray(clusters), be.asarray(coeffs), be.asarray(col_points), row0, S)
-        ops.tile_moved_sums(be.asarray(G.copy()), be.asarray(a), be.asarray(b), _kernels.EPILOGUE_CODES[name], 0.3, 0.7, 3,
-                            be.asarray(clusters), be.asarray(old), be.asarray(coeffs), be.asarray(col_points), row0, S)
+        ops.tile_moved_sums(be.asarray(G.copy()), be.asarray(a), be.asarray(b), _kernels.EPILOGUE_CODES[name], 0.3,
+                            0.7, 3, be.asarray(clusters), be.asarray(old), be.asarray(coeffs), be.asarray(col_points),
+                            row0, S)
         results.append(be.to_host(S))
     # both round every kernel value to float32 and accumulate in float64; only the GPU's double-precision
     # epilogue vs numba's mixed float32/float64 expression and the summation order differ
@@ -194,6 +211,75 @@ def test_cuda_source_declares_the_twins():
     src = cuda_source("tiled.cu")
     for name in ("tile_cluster_sums", "tile_moved_sums", "tile_epilogue"):
         assert re.search(rf"__global__ void {name}\(", src), name
+
+
+def _kernel_parameters(src, name):
+    """The C types of a __global__ kernel's parameters in tiled.cu, with T spelled out as "T"."""
+    body = re.search(rf"__global__ void {name}\((.*?)\)\s*{{", src, re.S).group(1)
+    types = []
+    for param in body.split(","):
+        words = param.replace("__restrict__", "").replace("const", "").split()
+        types.append(" ".join(words[:-1]).replace(" *", "*"))
+    return types
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [3, 4096, 4097])
+def test_cuda_launchers_pass_what_the_kernels_declare(monkeypatch, dtype, k):
+    """Without a GPU: the CuPy launchers of kkmgpu._tiled_gpu hand each kernel of tiled.cu arguments of exactly
+    its parameter types (CuPy does not check them: a mismatch would read garbage), with a valid launch geometry
+    and shared memory for the k per-cluster sums only where the SHARED instantiation is chosen."""
+    from types import SimpleNamespace
+
+    from kkmgpu import _tiled_gpu
+    from kkmgpu._gpu_kernels import cuda_source
+
+    src = cuda_source("tiled.cu")
+    fake_cp = SimpleNamespace(zeros=np.zeros, ascontiguousarray=np.ascontiguousarray, int32=np.int32,
+                              int64=np.int64, float64=np.float64)
+    monkeypatch.setattr(_tiled_gpu, "import_cupy", lambda: fake_cp)
+    calls = []
+
+    def fake_function(name, dtype_, shared=None):
+        def launch(grid, block, args, shared_mem=0):
+            calls.append((name, np.dtype(dtype_), shared, grid, block, args, shared_mem))
+        return launch
+
+    monkeypatch.setattr(_tiled_gpu, "_function", fake_function)
+    rng = np.random.default_rng([k, np.dtype(dtype).itemsize])
+    t, m = 70, 9
+    G = rng.normal(size=(t, m)).astype(dtype)
+    sq_t, sq_m = rng.random(t).astype(dtype), rng.random(m).astype(dtype)
+    c = rng.integers(0, k, m).astype(np.int64)  # converted to int32 by the launcher
+    w, points, S = rng.random(m), np.arange(m), np.zeros((t, k))
+    _tiled_gpu.tile_cluster_sums(G, sq_t, sq_m, 1, 0.5, 0.0, 3, c, w, points, 5, S)
+    _tiled_gpu.tile_moved_sums(G, None, None, 2, 0.5, 1.0, 3, c, c, w, points, 5, S)
+    _tiled_gpu.tile_epilogue(G, sq_t, sq_m, 4, 0.5, 0.0, 3, points, 5)
+    assert [call[0] for call in calls] == ["tile_cluster_sums", "tile_moved_sums", "tile_epilogue"]
+    c_types = {"T*": np.dtype(dtype), "int*": np.dtype(np.int32), "double*": np.dtype(np.float64),
+               "long long*": np.dtype(np.int64)}
+    scalar_types = {"long long": np.int64, "int": np.int32, "double": np.float64}
+    for name, dt, shared, grid, block, args, shared_mem in calls:
+        assert dt == np.dtype(dtype)
+        declared = _kernel_parameters(src, name)
+        assert len(args) == len(declared), name
+        for arg, c_type in zip(args, declared):
+            if c_type.endswith("*"):
+                assert isinstance(arg, np.ndarray) and arg.dtype == c_types[c_type] and arg.flags.c_contiguous, \
+                    (name, c_type, type(arg), getattr(arg, "dtype", None))
+            else:
+                assert type(arg) is scalar_types[c_type], (name, c_type, type(arg))
+        assert block == (256,) and 1 <= grid[0] <= 2**31 - 1 and len(grid) == 1
+        if name == "tile_epilogue":
+            assert shared is None and shared_mem == 0
+        else:
+            assert shared == (k <= _tiled_gpu.SHARED_MAX_CLUSTERS)
+            assert shared_mem == (8 * k if shared else 0) and shared_mem <= 48 * 1024  # no opt-in needed
+    # a tile of many rows: the grid is capped (blocks stride over rows), not t
+    calls.clear()
+    big = np.zeros((600_000, 1), dtype=dtype)
+    _tiled_gpu.tile_epilogue(big, None, None, 0, 0.0, 0.0, 1, np.zeros(1, dtype=np.int64), 0)
+    assert calls[0][3] == (65535 * 8,)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
@@ -366,6 +452,35 @@ def test_tf32_on_gpu_changes_few_labels():
     tf32 = kkmgpu.fit(X, 5, device="cuda", engine="tiled", init=init, tf32=True)
     assert np.mean(tf32.labels == plain.labels) >= 0.99
     np.testing.assert_allclose(tf32.objective, plain.objective, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_tf32_gemms_are_in_effect_and_bounded():
+    """tf32=True must really switch the tiled engine's GEMMs to TF32 (else the measured "effect" of TF32 would be
+    that of float32): its cluster sums are further from the float64 reference than float32's, within TF32's
+    rounding (inputs to 11 significant bits)."""
+    reason = cuda_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    rng = np.random.default_rng(22)
+    n, d, k = 1024, 256, 4
+    X = rng.normal(size=(n, d))
+    w = rng.uniform(0.5, 1.5, n)
+    labels = rng.integers(0, k, n).astype(np.int32)
+    expected = _indicator_sums(X @ X.T, labels, w, k)  # linear kernel, float64
+    norms = np.linalg.norm(X, axis=1)
+    bound = norms[:, None] * (w * norms).sum()  # |S[i, c] error| <= u * |x_i| sum_j w_j |x_j| per unit roundoff u
+    be = Backend("cuda", 0)
+    spec = _spec(X, "linear")
+    A = _kernels.prepare_features(X, spec, be, np.float32)
+    errors = {}
+    for tf32 in (False, True):
+        op = _tiled.TiledKernelOperator(A, spec, be.asarray(w), be, tile_rows=300, tf32=tf32)
+        S = be.to_host(op.cluster_sums(be.asarray(labels), k))
+        errors[tf32] = float(np.max(np.abs(S - expected) / bound))
+    assert errors[False] < 1e-6
+    assert errors[True] < 2.0**-10
+    assert errors[True] > 20 * errors[False], errors
 
 
 def test_verbose_reports_the_progress_of_a_full_pass(capsys):
