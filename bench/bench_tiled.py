@@ -30,7 +30,6 @@ contended the timings were, and the ratio to the floor (both measured in the sam
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -62,60 +61,23 @@ def default_device() -> str:
     return "cuda" if _backend.cuda_unavailable_reason() is None else "cpu"
 
 
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+def Run(device, argv, topic="tiled", schema=SCHEMA, script="bench/bench_tiled.py", doc=None):
+    """This invocation's cases, merged into <date>-<device>-<topic>.json (``_kkmgpu_bench.ScriptRun``), with the
+    protocol of ``doc`` (its text after "Protocol. ") in the document and the load average after every case."""
+    from _kkmgpu_bench import ScriptRun, _json_default
 
+    class TiledRun(ScriptRun):
+        def case_extra(self):
+            return {"load_average_at_case_end": list(os.getloadavg())}
 
-class Run:
-    """One invocation: metadata and the cases it merges into the device's result file (written after every case)."""
+        def add(self, case):
+            case = super().add(case)
+            print(json.dumps({k: v for k, v in case.items() if not isinstance(v, (list, dict))},
+                             default=_json_default))
+            return case
 
-    def __init__(self, device, argv, topic="tiled", schema=SCHEMA, script="bench/bench_tiled.py", doc=None):
-        from _kkmgpu_bench import device_identity, host_info, versions
-
-        self.device, self.schema = device, schema
-        self.protocol = (doc or __doc__).split("Protocol. ", 1)[1].strip()
-        self.ident = device_identity(device)
-        folder = Path(os.environ.get("KKMGPU_BENCH_RESULTS_DIR", "").strip() or BENCH_DIR / "results")
-        self.path = folder / f"{datetime.date.today().isoformat()}-{self.ident['slug']}-{topic}.json"
-        started = datetime.datetime.now(datetime.timezone.utc)
-        self.run_id = started.strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.meta = {"run_id": self.run_id, "started": started.isoformat(timespec="seconds"),
-                     "command": ["python", script, *argv], "versions": versions(),
-                     "host": host_info(), "load_average_start": list(os.getloadavg())}
-        self.cases = []
-
-    def add(self, case):
-        case = {"run_id": self.run_id, "device": self.device, "load_average_at_case_end": list(os.getloadavg()),
-                **case}
-        self.cases = [c for c in self.cases if c["id"] != case["id"]] + [case]
-        self.write()
-        print(json.dumps({k: v for k, v in case.items() if not isinstance(v, (list, dict))}, default=_json_default))
-        return case
-
-    def write(self):
-        document = {"schema": self.schema, "device": self.ident["slug"], "device_name": self.ident["name"],
-                    "device_kind": self.ident["kind"], "gpu": self.ident["gpu"], "runs": [], "cases": []}
-        if self.path.exists():
-            try:
-                old = json.loads(self.path.read_text())
-                if old.get("schema") == self.schema:
-                    document["runs"], document["cases"] = old.get("runs", []), old.get("cases", [])
-            except (OSError, ValueError):
-                pass
-        ids = {c["id"] for c in self.cases}
-        cases = sorted([c for c in document["cases"] if c["id"] not in ids] + self.cases, key=lambda c: c["id"])
-        meta = dict(self.meta, finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    load_average_end=list(os.getloadavg()))
-        used = {c["run_id"] for c in cases}
-        document["runs"] = [r for r in document["runs"] if r["run_id"] in used and r["run_id"] != self.run_id] + [meta]
-        document["cases"] = cases
-        document["protocol"] = self.protocol
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(document, indent=1, default=_json_default) + "\n")
+    protocol = (doc or __doc__).split("Protocol. ", 1)[1].strip()
+    return TiledRun(device, argv, script=script, topic=topic, schema=schema, document_extra={"protocol": protocol})
 
 
 # ------------------------------------------------------------------------------------------ data and timing
