@@ -54,9 +54,10 @@ def import_cupy():
     return importlib.import_module("cupy")
 
 
-def import_cupyx():
-    """Import and return cupyx (CuPy's extension namespace), also only here."""
-    return importlib.import_module("cupyx")
+def import_cupyx(submodule: str | None = None):
+    """Import and return cupyx (CuPy's extension namespace), or its ``submodule`` (e.g. "scipy.sparse"); also
+    only here."""
+    return importlib.import_module("cupyx" if submodule is None else f"cupyx.{submodule}")
 
 
 def is_cupy_array(x) -> bool:

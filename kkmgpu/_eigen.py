@@ -22,7 +22,6 @@ back the training rows of A for training points.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import warnings
 
 import numpy as np
@@ -88,12 +87,7 @@ def _top_eigenpairs(K, r, backend: Backend, rng, verbose):
 
 
 def _cupyx_eigsh():
-    cupyx = import_cupyx()
-    try:
-        return cupyx.scipy.sparse.linalg.eigsh
-    except AttributeError:  # older CuPy does not load the submodules with cupyx
-        importlib.import_module(f"{cupyx.__name__}.scipy.sparse.linalg")
-        return cupyx.scipy.sparse.linalg.eigsh
+    return import_cupyx("scipy.sparse.linalg").eigsh
 
 
 def embed(K, r, backend: Backend, rng, *, verbose=False):

@@ -19,7 +19,6 @@ reached only through :func:`kkmgpu._backend.import_cupyx`.
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import numpy as np
@@ -45,12 +44,7 @@ def sparse_module(backend: Backend):
         import scipy.sparse
 
         return scipy.sparse
-    cupyx = import_cupyx()
-    try:
-        return cupyx.scipy.sparse
-    except AttributeError:  # older CuPy does not load the submodules with cupyx
-        importlib.import_module(f"{cupyx.__name__}.scipy.sparse")
-        return cupyx.scipy.sparse
+    return import_cupyx("scipy.sparse")
 
 
 def to_backend_csr(A, backend: Backend, dtype=None):
