@@ -54,3 +54,29 @@ def test_public_names():
     assert issubclass(kkmgpu.DeviceUnavailableError, RuntimeError)
     assert issubclass(kkmgpu.InsufficientMemoryError, MemoryError)
     assert isinstance(kkmgpu.__version__, str)
+
+
+def test_cupy_is_imported_in_the_backend_module_only():
+    """Only kkmgpu/_backend.py imports cupy or cupyx (statements or importlib), so CPU users never pay for it."""
+    import ast
+
+    offenders = []
+    for path in sorted((REPO_ROOT / "kkmgpu").glob("*.py")):
+        if path.name == "_backend.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+                  in ("import_module", "__import__") and node.args):
+                arg = node.args[0]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    names = [arg.value]
+                elif "cupy" in ast.unparse(arg):  # e.g. f"{cupyx.__name__}.scipy.sparse"
+                    names = ["cupy (computed name)"]
+            offenders += [f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] in
+                          ("cupy", "cupyx", "cupy (computed name)")]
+    assert offenders == []
