@@ -34,13 +34,22 @@ def cuda_source(name: str = _SOURCE_NAME) -> str:
         return (Path(__file__).resolve().parents[1] / "kernels_cuda" / name).read_text()
 
 
+#: NVRTC options of both CUDA modules (``.ci/nvrtc_check.py`` compiles with the same ones)
+NVRTC_OPTIONS = ("-std=c++14",)
+
+
+def name_expressions() -> list[str]:
+    """The template instantiations of ``kernel_kmeans.cu`` that CuPy compiles (and ``.ci/nvrtc_check.py`` checks)."""
+    names = [f"{kern}<{t}>" for kern in _KERNELS for t in _TYPES.values()]
+    names.append("segment_sums<unsigned short>")  # float16 storage, read as its bit patterns
+    return names
+
+
 @functools.lru_cache(maxsize=None)
 def _module(device_id: int):
     cp = import_cupy()
-    names = [f"{kern}<{t}>" for kern in _KERNELS for t in _TYPES.values()]
-    names.append("segment_sums<unsigned short>")  # float16 storage, read as its bit patterns
     with cp.cuda.Device(device_id):
-        return cp.RawModule(code=cuda_source(), options=("-std=c++14",), name_expressions=names)
+        return cp.RawModule(code=cuda_source(), options=NVRTC_OPTIONS, name_expressions=name_expressions())
 
 
 def _function(name: str, dtype) -> object:

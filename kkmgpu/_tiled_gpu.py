@@ -11,7 +11,7 @@ import functools
 import numpy as np
 
 from ._backend import import_cupy
-from ._gpu_kernels import cuda_source
+from ._gpu_kernels import NVRTC_OPTIONS, cuda_source
 
 __all__ = ["tile_cluster_sums", "tile_moved_sums", "tile_epilogue"]
 
@@ -22,14 +22,20 @@ _THREADS = 256
 SHARED_MAX_CLUSTERS = 4096
 
 
-@functools.lru_cache(maxsize=None)
-def _module(device_id: int):
-    cp = import_cupy()
+def name_expressions() -> list[str]:
+    """The template instantiations of ``tiled.cu`` that CuPy compiles (and ``.ci/nvrtc_check.py`` checks)."""
     names = [f"{kern}<{t}, {flag}>" for kern in ("tile_cluster_sums", "tile_moved_sums")
              for t in _TYPES.values() for flag in ("true", "false")]
     names += [f"tile_epilogue<{t}>" for t in _TYPES.values()]
+    return names
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_id: int):
+    cp = import_cupy()
     with cp.cuda.Device(device_id):
-        return cp.RawModule(code=cuda_source(_SOURCE_NAME), options=("-std=c++14",), name_expressions=names)
+        return cp.RawModule(code=cuda_source(_SOURCE_NAME), options=NVRTC_OPTIONS,
+                            name_expressions=name_expressions())
 
 
 def _function(name: str, dtype, shared=None):
