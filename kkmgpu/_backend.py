@@ -269,7 +269,10 @@ def gemm_precision(backend: Backend, tf32: bool):
     if not (tf32 and backend.is_gpu):
         yield
         return
-    linalg = importlib.import_module("cupy._core._routines_linalg")
+    try:
+        linalg = importlib.import_module("cupy._core._routines_linalg")
+    except ImportError:  # CuPy's development tree moves the CUDA routines under cupy._core._gpu
+        linalg = importlib.import_module("cupy._core._gpu._routines_linalg")
     previous = linalg.get_compute_type(np.float32)
     linalg.set_compute_type(np.float32, getattr(linalg, "COMPUTE_TYPE_TF32", 7))  # CuPy's enum value
     try:

@@ -7,7 +7,8 @@ k-means on the rows of A (Corollary 7). Here:
    syevd on a GPU), or only the top r (``n_components``). The top r come from LAPACK's MRRR driver
    (``scipy.linalg.eigh(..., subset_by_index=..., driver="evr")``, deterministic and several times faster
    than ARPACK on a dense matrix held in memory) on the CPU, and from
-   ``cupyx.scipy.sparse.linalg.eigsh(which="LA")`` (thick-restart Lanczos, seeded start vector) on a GPU.
+   ``cupyx.scipy.sparse.linalg.eigsh(which="LA")`` (thick-restart Lanczos, seeded start vector) on a GPU,
+   checked by its residuals and replaced by cuSOLVER syevd when it broke down (:func:`_lanczos_failed`).
 2. Negative eigenvalues (rounding in a PSD kernel, or a kernel that is not PSD, such as the sigmoid) are
    clipped to 0; their number and total magnitude are reported in ``result.method_params`` and warned
    about when they are material.
@@ -22,6 +23,7 @@ back the training rows of A for training points.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 
 import numpy as np
@@ -70,10 +72,22 @@ def _top_eigenpairs(K, r, backend: Backend, rng, verbose):
             print(f"[kkmgpu] eigen: top {r} eigenpairs of the {n} x {n} kernel matrix by Lanczos on {backend.name}")
         eigsh = _cupyx_eigsh()
         v0 = backend.asarray(rng.uniform(-1.0, 1.0, size=n), dtype=K.dtype)
-        w, V = eigsh(K, k=r, which="LA", v0=v0)
-        order = xp.argsort(w)[::-1]
-        w, V = w[order], V[:, order]
+        try:
+            w, V = eigsh(K, k=r, which="LA", v0=v0)
+        except np.linalg.LinAlgError:          # NaN in the Lanczos tridiagonal (see _lanczos_failed)
+            w = V = None
+        if w is not None:
+            order = xp.argsort(w)[::-1]
+            w, V = w[order], V[:, order]
         route = "top-r (cupyx eigsh, Lanczos)"
+        if w is None or _lanczos_failed(K, w, V, xp):
+            check_fits(3 * n * n * itemsize, backend, f"the full eigendecomposition of the {n} x {n} kernel matrix "
+                       "(cupyx eigsh failed: NaN or non-orthonormal Ritz vectors)")
+            if verbose:
+                print("[kkmgpu] eigen: cupyx eigsh failed (Lanczos breakdown); full eigendecomposition instead")
+            w, V = xp.linalg.eigh(K)
+            w, V = w[::-1][:r], V[:, ::-1][:, :r]
+            route = "full (syevd; cupyx eigsh failed)"
     else:
         import scipy.linalg
 
@@ -88,6 +102,29 @@ def _top_eigenpairs(K, r, backend: Backend, rng, verbose):
 
 def _cupyx_eigsh():
     return import_cupyx("scipy.sparse.linalg").eigsh
+
+
+def _lanczos_failed(K, w, V, xp) -> bool:
+    """True when cupyx eigsh's top-r pairs are not eigenpairs of K: non-finite values, residuals
+    ||K v - w v|| above sqrt(eps) max|w|, or Ritz vectors that are not orthonormal (ghost copies).
+
+    CuPy's thick-restart Lanczos has no guard for beta -> 0 (an invariant subspace found early: K = I for a
+    narrow bandwidth, a degenerate or numerically rank-deficient kernel) up to at least CuPy 14.2; it then
+    returns NaN or garbage (cupy/cupy#7495, #8486, fixed by #10098). One GEMM K V (n^2 r) checks the result.
+    """
+    if not (bool(xp.isfinite(w).all()) and bool(xp.isfinite(V).all())):
+        return True
+    tol = math.sqrt(float(np.finfo(K.dtype).eps))
+    scale = float(xp.abs(w).max()) if w.size else 0.0
+    if scale == 0.0:
+        return False                            # K's top eigenvalues are 0: embed reports it
+    V = V.astype(K.dtype, copy=False)
+    residual = K @ V - V * w.astype(K.dtype)[None, :]
+    if float(xp.sqrt((residual * residual).sum(axis=0)).max()) > tol * scale:
+        return True
+    gram = V.T @ V
+    gram[xp.arange(V.shape[1]), xp.arange(V.shape[1])] -= 1.0
+    return float(xp.abs(gram).max()) > tol
 
 
 def embed(K, r, backend: Backend, rng, *, verbose=False):

@@ -80,6 +80,9 @@ def kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree):
         raise ValueError("kernel_epilogue needs a C-contiguous block")
     row_sq = cp.ascontiguousarray(row_sq, dtype=block.dtype)
     col_sq = cp.ascontiguousarray(col_sq, dtype=block.dtype)
+    if row_sq.size < m or col_sq.size < n:  # the kernel reads row_sq[i] for every row, whatever the kind
+        raise ValueError(f"kernel_epilogue needs row_sq ({row_sq.size}) and col_sq ({col_sq.size}) of at least "
+                         f"{m} and {n} entries")
     _function("kernel_epilogue", block.dtype)(
         (int(min(m, 65535 * 8)),), (_THREADS,),
         (block, row_sq, col_sq, np.int64(m), np.int64(n), np.int32(kind),

@@ -185,8 +185,8 @@ def kernel_block(A, B, spec: KernelSpec, backend: Backend, out=None, a_sq=None, 
         if spec.name in _DISTANCE_KERNELS:
             a_sq = (A * A).sum(axis=1) if a_sq is None else a_sq
             b_sq = (B * B).sum(axis=1) if b_sq is None else b_sq
-        else:
-            a_sq = b_sq = xp.zeros(1, dtype=A.dtype)
+        else:  # unused by these kernels, but both twins read row_sq[i] for every row: full length
+            a_sq, b_sq = xp.zeros(m, dtype=A.dtype), xp.zeros(n, dtype=A.dtype)
         backend.ops.kernel_epilogue(out, a_sq, b_sq, code, spec.gamma or 0.0, spec.coef0, spec.degree)
     return out
 
@@ -227,7 +227,7 @@ def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, 
         xp.matmul(A, A.T, out=K)
         code = EPILOGUE_CODES[spec.name]
         if code != 0:
-            sq = a_sq if distance else xp.zeros(1, dtype=A.dtype)
+            sq = a_sq if distance else xp.zeros(m, dtype=A.dtype)  # read for every row: full length
             backend.ops.kernel_epilogue(K, sq, sq, code, spec.gamma or 0.0, spec.coef0, spec.degree)
     else:
         step = tile or tile_rows(n, np.dtype(A.dtype).itemsize)

@@ -55,7 +55,15 @@ def to_backend_csr(A, backend: Backend, dtype=None):
     sp = sparse_module(backend)
     on_gpu = sys.modules.get("cupyx.scipy.sparse") is not None and sys.modules["cupyx.scipy.sparse"].issparse(A)
     if backend.is_gpu:
-        A = A.tocsr() if on_gpu else sp.csr_matrix(A.tocsr())
+        if on_gpu:
+            A = A.tocsr()
+        else:
+            # cupyx holds only bool/float32/float64/complex values and raises on an integer scipy matrix, so
+            # the requested dtype is applied on the host, before the transfer.
+            A = A.tocsr()
+            if dtype is not None and A.dtype != dtype:
+                A = A.astype(dtype)
+            A = sp.csr_matrix(A)
     else:
         A = A.get().tocsr() if on_gpu else A.tocsr()
         A = sp.csr_matrix(A)  # a sparse *array* becomes a matrix, so A @ dense and A[rows] behave alike
