@@ -140,6 +140,20 @@ def _sample_squares(source, samples, backend, k, l):
     return xp.stack([source.square(samples[c * l:(c + 1) * l]) for c in range(k)]).astype(xp.float64)
 
 
+#: cuSOLVER's batched Jacobi eigensolver (syevjBatched, what cupy.linalg.eigh runs on a stack of matrices) is
+#: documented for matrices up to 32 x 32; larger M_c are decomposed one by one (syevd) on a GPU.
+GPU_BATCHED_EIGH_MAX = 32
+
+
+def _batched_eigh(M, backend):
+    """Eigenvalues (k, l) and eigenvectors (k, l, l) of the symmetric stack M (k, l, l)."""
+    xp = backend.xp
+    if not backend.is_gpu or M.shape[-1] <= GPU_BATCHED_EIGH_MAX:
+        return xp.linalg.eigh(M)
+    pairs = [xp.linalg.eigh(M[c]) for c in range(M.shape[0])]
+    return xp.stack([w for w, _ in pairs]), xp.stack([V for _, V in pairs])
+
+
 def _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, rcond, diag_s):
     """alpha_c = M_c^+ (L_c w_c) / n_c for all clusters at once (batched eigendecomposition of M)."""
     xp = backend.xp
@@ -148,7 +162,7 @@ def _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, 
     j = xp.arange(l)
     M[:, j, j] = diag_s.reshape(k, l)  # k(s, s) exactly (the GEMM form leaves rounding there)
     M *= mask_d[:, :, None] * mask_d[:, None, :]
-    lam, V = xp.linalg.eigh(M)
+    lam, V = _batched_eigh(M, backend)
     cutoff = rcond * xp.max(xp.abs(lam), axis=1, keepdims=True)
     inv = xp.where(xp.abs(lam) > cutoff, 1.0 / xp.where(lam == 0, 1.0, lam), 0.0)
     sizes = backend.asarray(np.where(sizes_h > 0, sizes_h, 1.0))

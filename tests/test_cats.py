@@ -584,3 +584,18 @@ def test_cuda_run_matches_cpu_run():
     assert gpu.n_iter == cpu.n_iter
     assert gpu.exact_objective == pytest.approx(cpu.exact_objective, rel=1e-9)
     np.testing.assert_array_equal(kkmgpu.predict(gpu, X), host(cpu.labels))
+
+
+def test_per_cluster_eigh_route_equals_the_batched_one():
+    """On a GPU, M_c larger than cuSOLVER's batched-Jacobi limit are decomposed one by one: same pairs."""
+    class GpuLikeBackend:  # takes the GPU branch of _batched_eigh with NumPy arrays
+        xp = np
+        is_gpu = True
+
+    rng = np.random.default_rng(31)
+    l = _cats.GPU_BATCHED_EIGH_MAX + 13
+    A = rng.normal(size=(4, l, l))
+    M = A + A.transpose(0, 2, 1)
+    w, V = _cats._batched_eigh(M, GpuLikeBackend())
+    np.testing.assert_allclose(w, np.linalg.eigh(M)[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.einsum("kij,kj->kij", V, w), M @ V, atol=1e-10)
