@@ -71,7 +71,9 @@ def _top_eigenpairs(K, r, backend: Backend, rng, verbose):
         if verbose:
             print(f"[kkmgpu] eigen: top {r} eigenpairs of the {n} x {n} kernel matrix by Lanczos on {backend.name}")
         eigsh = _cupyx_eigsh()
-        v0 = backend.asarray(rng.uniform(-1.0, 1.0, size=n), dtype=K.dtype)
+        # a start vector of its own stream: the fit's random stream then feeds k-means++ the same draws as on the
+        # CPU (whose MRRR solver takes none), so one random_state gives the same seeds on both devices
+        v0 = backend.asarray(np.random.default_rng(0x5EED).uniform(-1.0, 1.0, size=n), dtype=K.dtype)
         try:
             w, V = eigsh(K, k=r, which="LA", v0=v0)
         except np.linalg.LinAlgError:          # NaN in the Lanczos tridiagonal (see _lanczos_failed)
