@@ -91,6 +91,17 @@ class _SourceRows:
         return self.backend.to_host(block).astype(np.float64)
 
 
+def variance_stop(history, window, theta):
+    """The paper's stopping rule: the reason to stop when the variance of the last ``window`` approximate
+    distortions is at most ``theta`` times their squared mean (scale-free), else None."""
+    if len(history) < window:
+        return None
+    last = np.asarray(history[-window:])
+    if last.var() <= theta * last.mean() ** 2:
+        return f"variance of the last {window} distortions <= theta"
+    return None
+
+
 @dataclass
 class CatsState:
     """The approximate centroids of a CATS partition: what prediction needs."""
@@ -257,11 +268,10 @@ def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window
         if n_changed == 0:
             converged, stop_reason = True, "no point moved"
             break
-        if len(history) >= window:
-            last = np.asarray(history[-window:])
-            if last.var() <= theta * last.mean() ** 2:
-                converged, stop_reason = True, f"variance of the last {window} distortions <= theta"
-                break
+        stop = variance_stop(history, window, theta)
+        if stop:
+            converged, stop_reason = True, stop
+            break
     if verbose:
         print(f"{prefix}stopped after {n_iter} iterations: {stop_reason}")
     return CatsRun(labels=labels, objective=history[-1], history=history, n_iter=n_iter, converged=converged,

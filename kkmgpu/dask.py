@@ -393,11 +393,10 @@ def _cats_run(cluster, spec, dtype, weights_h, diag_h, labels0, k, *, l, max_ite
         if n_changed == 0:
             converged, stop_reason = True, "no point moved"
             break
-        if len(history) >= window:
-            last = np.asarray(history[-window:])
-            if last.var() <= theta * last.mean() ** 2:
-                converged, stop_reason = True, f"variance of the last {window} distortions <= theta"
-                break
+        stop = _cats.variance_stop(history, window, theta)
+        if stop:
+            converged, stop_reason = True, stop
+            break
     if verbose:
         print(f"{prefix}stopped after {n_iter} iterations: {stop_reason}")
     return dict(labels=labels_h, objective=history[-1], history=history, n_iter=n_iter, converged=converged,
