@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What is left to run and measure on an NVIDIA GPU, as phases that each fit one call of a lent GPU machine
 # (10 minutes a call, about 30 minutes of device time a session). No session that built the GPU path had a
-# GPU: every GPU figure the issues ask for comes from these phases.
+# GPU: every GPU figure the issues ask for comes from these phases. The phases are listed (and `all` runs them)
+# in the order that gives the most for the first 30 minutes of GPU time: what can fail first, then what measures.
 #
 #   bash bench/gpu_session.sh prepare    # HERE, before the first call: copy the data into .gpu-data/ (git-ignored)
 #                                        # since ../shared beside the checkout does not travel to the GPU machine
@@ -9,10 +10,17 @@
 #                                        #      references; GPU labels == CPU labels; tiled == dense; sparse; eigen)
 #   bash bench/gpu_session.sh engine     # GPU: bench_exact + bench_gpu_engine (MNIST 10k..70k: build, iteration,
 #                                        #      end-to-end vs floors, plain CuPy, CPU) -> <date>-<gpu>.json
+#   bash bench/gpu_session.sh sanitize   # GPU: the kernel tests (twins, tiled) under compute-sanitizer's memcheck
+#                                        #      (out-of-bounds, misaligned, leaks; CuPy's memory pool off so every
+#                                        #      array is its own allocation), racecheck (shared-memory races) and
+#                                        #      synccheck (divergent barriers)
 #   bash bench/gpu_session.sh scale      # GPU: tiled engine (1,000,000-point iteration, scaling vs 2 n^2 d / GEMM,
 #                                        #      TF32 label effect), CATS scaling to 1,000,000, Off-the-grid Figure 1
 #   bash bench/gpu_session.sh quality    # GPU: CATS vs exact on all 70,000 MNIST points (10 seeds)
 #   bash bench/gpu_session.sh trimming   # GPU: trimming Table 1 at n = 70,000 (4 kernels x 10 runs)
+#   bash bench/gpu_session.sh all SECONDS  # the phases above in that order, each only if its time limit still fits
+#                                        #      in what is left of SECONDS (e.g. `all 590` in one device call;
+#                                        #      `all 1800` on a workstation); says which were left out
 #
 # With the device tool: carry [".gpu-data"], command "bash bench/gpu_session.sh PHASE". Without $OUT the result
 # files go to bench/results/; with $OUT (the device tool's folder, which brings back at most 8 files) they and the
@@ -30,6 +38,29 @@ if [ "$phase" = prepare ]; then
     cp -r "$src/mnist" "$src/shapes" "$src/uci" .gpu-data/
     du -sh .gpu-data
     echo "now call the device tool with carry [\".gpu-data\"]"
+    exit 0
+fi
+
+#: the phases in the order `all` runs them, each with its worst case in seconds (the sum of its steps' limits)
+PHASES="tests:540 engine:560 sanitize:560 scale:600 quality:560 trimming:560"
+
+if [ "$phase" = all ]; then
+    budget=${2:-}
+    case "$budget" in ''|*[!0-9]*) echo "usage: bash bench/gpu_session.sh all SECONDS (a whole number)"; exit 2 ;; esac
+    start=$(date +%s)
+    ran="" left_out=""
+    for entry in $PHASES; do
+        name=${entry%%:*} need=${entry##*:}
+        remaining=$((budget - ($(date +%s) - start)))
+        if [ "$need" -le "$remaining" ]; then
+            echo "#### phase $name (worst case ${need}s, ${remaining}s left)"
+            bash "$0" "$name"
+            ran="$ran $name"
+        else
+            left_out="$left_out $name(${need}s)"
+        fi
+    done
+    echo "#### ran:${ran:- none}; left out for lack of time:${left_out:- none} ($(( $(date +%s) - start ))s of ${budget}s)"
     exit 0
 fi
 
@@ -63,6 +94,20 @@ tests)
 engine)
     step 560 bench-engine env KKMGPU_BENCH_DEVICES=cuda,cpu python -m pytest bench/bench_exact.py \
         bench/bench_gpu_engine.py --benchmark-only -rs -p no:cacheprovider
+    ;;
+sanitize)
+    # CuPy's pool hands out slices of larger blocks, where an out-of-bounds access stays inside an allocation:
+    # KKMGPU_TEST_CUPY_NO_POOL=1 (tests/conftest.py) makes every array its own cudaMalloc for memcheck.
+    command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; exit 1; }
+    compute-sanitizer --version | tail -n 1
+    kernels="tests/test_twins.py tests/test_tiled.py"
+    for tool in memcheck racecheck synccheck; do
+        extra=""
+        [ "$tool" = memcheck ] && extra="--leak-check full"
+        step 180 "sanitize-$tool" env KKMGPU_TEST_CUPY_NO_POOL=1 compute-sanitizer --tool "$tool" $extra \
+            --error-exitcode 99 --target-processes all --print-limit 20 \
+            python -m pytest -m gpu -q -x -p no:cacheprovider $kernels
+    done
     ;;
 scale)
     step 150 tiled-big python bench/bench_tiled.py big --device cuda

@@ -1,6 +1,7 @@
 """Shared fixtures: the backend/device parametrisation, the shared data folder, seeded data."""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,10 +15,106 @@ SHARED_DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 SHAPES_DIR = SHARED_DATA_DIR / "shapes"
 
 
+# The stand-in is a package named `cupy`: collecting it (doctests) would import it as CuPy in every run.
+collect_ignore = ["standin", "cudacpu"]
+
+#: the opt-in switch (also ``--emulate-gpu``): without a GPU, run the ``cuda`` cases on the CuPy stand-in
+EMULATE_ENV = "KKMGPU_EMULATE_GPU"
+#: on a real GPU, turn CuPy's memory pool off (bench/gpu_session.sh sanitize, under compute-sanitizer)
+NO_POOL_ENV = "KKMGPU_TEST_CUPY_NO_POOL"
+STANDIN_DIR = Path(__file__).resolve().parent / "standin"
+#: what the ``cuda`` cases run on in this session: "gpu" (real CuPy), "standin" or None (they skip)
+GPU_MODE = None
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--emulate-gpu", action="store_true", default=False,
+        help=f"where CuPy sees no GPU, run the cuda cases on the strict CuPy stand-in (tests/standin) with the real "
+             f"kernels_cuda/*.cu compiled for the CPU (tests/cudacpu); same as {EMULATE_ENV}=1",
+    )
+
+
+def _env_flag(name):
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _real_gpu_visible():
+    """True when a real CuPy imports and sees a CUDA device (asked in a child process, so that a CuPy without a
+    GPU leaves nothing behind in this one)."""
+    probe = "import cupy, sys; sys.exit(0 if cupy.cuda.runtime.getDeviceCount() > 0 else 1)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        return subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120, env=env).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def install_cupy_standin():
+    """Make ``import cupy`` / ``import cupyx`` give the stand-in for the rest of this process."""
+    for name in [m for m in sys.modules if m == "cupy" or m.startswith(("cupy.", "cupyx"))]:
+        del sys.modules[name]
+    if str(STANDIN_DIR) not in sys.path:
+        sys.path.insert(0, str(STANDIN_DIR))
+    backend = sys.modules.get("kkmgpu._backend")
+    if backend is not None:
+        backend.cuda_unavailable_reason.cache_clear()
+
+
 def pytest_configure(config):
+    global GPU_MODE
     config.addinivalue_line(
         "markers", "gpu: needs a usable CUDA GPU and CuPy (skipped with the reason otherwise)"
     )
+    if config.getoption("--emulate-gpu") or _env_flag(EMULATE_ENV):
+        if _real_gpu_visible():
+            GPU_MODE = "gpu"
+        else:
+            install_cupy_standin()
+            GPU_MODE = "standin"
+    if _env_flag(NO_POOL_ENV) and GPU_MODE != "standin" and cuda_skip_reason() is None:
+        import cupy  # tests may import CuPy; the library may not (tests/test_import.py)
+
+        cupy.cuda.set_allocator(None)  # every array its own cudaMalloc, so memcheck sees its exact bounds
+
+
+def pytest_report_header(config):
+    if GPU_MODE == "standin":
+        return "kkmgpu cuda cases: emulated (CuPy stand-in, kernels_cuda/*.cu compiled for the CPU)"
+    if GPU_MODE == "gpu":
+        return "kkmgpu cuda cases: real GPU (the emulation switch is ignored where CuPy sees a device)"
+    return f"kkmgpu cuda cases: on a GPU when CuPy sees one, else skipped ({EMULATE_ENV}=1 or --emulate-gpu emulates)"
+
+
+_CUDA_OUTCOMES = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """With the GPU emulated or real (the switch on), a cuda case may not pass by being skipped: a skip of a
+    gpu-marked test is reported as a failure naming the skip reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if GPU_MODE is not None and report.skipped and item.get_closest_marker("gpu") is not None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (f"cuda case skipped while the GPU is {'emulated' if GPU_MODE == 'standin' else 'real'}: "
+                           f"{reason}")
+
+
+def pytest_runtest_logreport(report):
+    if "gpu" in report.keywords and (report.when == "call" or report.outcome != "passed"):
+        _CUDA_OUTCOMES.setdefault(report.nodeid, report.outcome)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _CUDA_OUTCOMES:
+        counts = {}
+        for outcome in _CUDA_OUTCOMES.values():
+            counts[outcome] = counts.get(outcome, 0) + 1
+        where = {"standin": "on the CuPy stand-in", "gpu": "on the GPU"}.get(GPU_MODE, "(no GPU: skipped)")
+        terminalreporter.write_line(
+            f"kkmgpu cuda cases {where}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 
 
 def cuda_skip_reason():
@@ -29,7 +126,9 @@ def cuda_skip_reason():
     except ImportError as exc:  # pragma: no cover - the package is a hard requirement of the suite
         return f"kkmgpu._backend cannot be imported: {exc}"
     reason = _backend.cuda_unavailable_reason()
-    return None if reason is None else f"CUDA backend unusable: {reason}"
+    if reason is None:
+        return None
+    return f"CUDA backend unusable: {reason} ({EMULATE_ENV}=1 or --emulate-gpu runs it on the CPU stand-in)"
 
 
 def gpu_usable():
