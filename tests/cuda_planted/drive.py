@@ -1,0 +1,302 @@
+"""Launch cudacpu kernels in a process of their own, for the sanitizer tests and CI (stdlib + NumPy + cudacpu).
+
+    python tests/cudacpu --sanitize address,undefined -- python tests/cuda_planted/drive.py oob
+    python tests/cudacpu --sanitize thread -- python tests/cuda_planted/drive.py real
+
+Cases: ``reference`` (every kernel of reference.cu against NumPy), ``real`` (every kernel of kernels_cuda/*.cu,
+every instantiation kkmgpu asks for, on small inputs against float64 NumPy formulas), and the planted bugs
+``oob``, ``shared_overrun``, ``overflow``, ``misaligned``, ``missing_barrier``, ``racy``, ``divergent``. A planted case that runs to its end
+prints ``NOT CAUGHT`` and exits 3; the sanitizer is expected to stop the process first. ``reference`` and
+``real`` print ``OK`` and exit 0, or the mismatches and exit 1.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+ROOT = TESTS.parent
+
+
+def _setup():
+    for p in (str(TESTS), str(ROOT)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+
+
+def module(name, name_expressions=()):
+    import cudacpu
+    return cudacpu.Module((HERE / name).read_text(), name_expressions, ("-std=c++14",),
+                          source_path=HERE / name)
+
+
+class Checks:
+    def __init__(self):
+        self.failures = []
+
+    def close(self, what, got, want, rtol, atol=0.0):
+        import numpy as np
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        if got.shape != want.shape or not np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True):
+            diff = np.max(np.abs(got - want)) if got.shape == want.shape else f"shapes {got.shape} {want.shape}"
+            self.failures.append(f"{what}: max |got - want| = {diff}")
+
+    def equal(self, what, got, want):
+        import numpy as np
+        if not np.array_equal(np.asarray(got), np.asarray(want)):
+            self.failures.append(f"{what}: got {np.asarray(got).ravel()[:12]}, want {np.asarray(want).ravel()[:12]}")
+
+    def finish(self):
+        if self.failures:
+            print("MISMATCH\n" + "\n".join(self.failures))
+            return 1
+        print("OK")
+        return 0
+
+
+# ---- correct kernels ---------------------------------------------------------------------------------------------
+def reference_case(checks):
+    import numpy as np
+    rng = np.random.default_rng(20240611)
+    mod = module("reference.cu", ("scale<float>", "scale<double>"))
+
+    x = rng.normal(size=1000)
+    total = np.zeros(1)
+    mod.get_function("block_sums")((3,), (128,), (x, total, np.int64(x.size)), shared_mem=128 * 8)
+    checks.close("block_sums", total[0], x.sum(), rtol=1e-12, atol=1e-12)
+
+    grid, block = (3, 2, 2), (4, 3, 2)
+    threads, blocks = 24, 12
+    out = np.zeros(threads * blocks * 12, np.uint32)
+    mod.get_function("write_indices")(grid, block, (out,))
+    want = expected_indices(grid, block)
+    checks.equal("write_indices", out.reshape(-1, 12), want)
+
+    n = 100  # 4 warps of a 128-thread block: the last one partly past n
+    x = rng.random(n)
+    out = np.zeros(4 * 5)
+    mod.get_function("warp_stats")((1,), (128,), (x, out, np.int32(n)))
+    checks.close("warp_stats", out.reshape(4, 5), expected_warp_stats(x, 4), rtol=1e-12, atol=1e-12)
+
+    for dtype, name in ((np.float32, "scale<float>"), (np.float64, "scale<double>")):
+        x = rng.normal(size=300).astype(dtype)
+        y = np.zeros_like(x)
+        a = dtype(1.5)
+        mod.get_function(name)((2,), (64,), (y, x, a, np.int64(x.size)))
+        checks.close(name, y, 1.5 * x.astype(np.float64), rtol=1e-6 if dtype == np.float32 else 1e-15)
+
+    labels = rng.integers(-2, 9, size=700).astype(np.int32)  # some out of range
+    counts = np.zeros(7, np.uint64)
+    in_range = np.zeros(1, np.uint32)
+    mod.get_function("histogram")((3,), (256,), (labels, np.int64(labels.size), counts, np.int32(7), in_range))
+    ok = (labels >= 0) & (labels < 7)
+    checks.equal("histogram", counts, np.bincount(labels[ok], minlength=7))
+    checks.equal("histogram in range (__syncthreads_count)", in_range, [ok.sum()])
+
+
+def expected_indices(grid, block):
+    """Rows of (threadIdx, blockIdx, blockDim, gridDim) in write_indices' order."""
+    import numpy as np
+    rows = []
+    for bz in range(grid[2]):
+        for by in range(grid[1]):
+            for bx in range(grid[0]):
+                for tz in range(block[2]):
+                    for ty in range(block[1]):
+                        for tx in range(block[0]):
+                            rows.append((tx, ty, tz, bx, by, bz, *block, *grid))
+    return np.array(rows, np.uint32)
+
+
+def expected_warp_stats(x, warps):
+    import numpy as np
+    v = np.zeros(32 * warps)
+    v[:x.size] = x
+    v = v.reshape(warps, 32)
+    big = v > 0.5
+    return np.stack([v.sum(1), big.sum(1), v.max(1), big.any(1), big.all(1)], axis=1).astype(np.float64)
+
+
+# ---- the project's kernels ----------------------------------------------------------------------------------------
+def _kappa(G, a, b, kind, gamma, coef0, degree):
+    import numpy as np
+    if kind in (1, 4):
+        d = np.maximum(a[:, None] + b[None, :] - 2 * G, 0)
+        return np.exp(-gamma * d) if kind == 1 else np.exp(-gamma * np.sqrt(d))
+    if kind == 2:
+        return (gamma * G + coef0) ** degree
+    if kind == 3:
+        return np.tanh(gamma * G + coef0)
+    return G.copy()
+
+
+def real_case(checks):
+    """Every kernel kkmgpu instantiates, launched as kkmgpu's launchers do (256 threads), on small inputs."""
+    import numpy as np
+    import cudacpu
+    from kkmgpu import _gpu_kernels, _tiled_gpu
+
+    rng = np.random.default_rng(7)
+    dense = cudacpu.Module(_gpu_kernels.cuda_source(), _gpu_kernels.name_expressions(), _gpu_kernels.NVRTC_OPTIONS)
+    tiled = cudacpu.Module(_gpu_kernels.cuda_source("tiled.cu"), _tiled_gpu.name_expressions(),
+                           _gpu_kernels.NVRTC_OPTIONS)
+    i64, i32, f64 = np.int64, np.int32, np.float64
+    gamma, coef0, degree = 0.37, 0.8, 3
+    for dtype, T in ((np.float32, "float"), (np.float64, "double")):
+        rtol = 2e-6 if dtype == np.float32 else 1e-12
+        # kernel_epilogue: m x n block, every kind
+        m, n = 5, 37
+        A, B = rng.normal(size=(m, 3)), rng.normal(size=(n, 3))
+        G, a, b = A @ B.T, (A * A).sum(1), (B * B).sum(1)
+        for kind in (1, 2, 3, 4):
+            blk = G.astype(dtype)
+            dense.get_function(f"kernel_epilogue<{T}>")(
+                (m,), (256,), (blk, a.astype(dtype), b.astype(dtype), i64(m), i64(n), i32(kind), f64(gamma),
+                               f64(coef0), i32(degree)))
+            want = _kappa(G.astype(dtype).astype(np.float64), a.astype(dtype).astype(np.float64),
+                          b.astype(dtype).astype(np.float64), kind, gamma, coef0, degree)
+            checks.close(f"kernel_epilogue<{T}> kind {kind}", blk, want, rtol=rtol, atol=rtol)
+
+        # assign_labels: one empty cluster
+        n, k = 70, 4
+        S, diag = rng.random((n, k)) * 5, (rng.random(n) + 1).astype(dtype)
+        sizes = np.array([3.0, 0.0, 5.0, 2.0])
+        within = rng.random(k) * sizes ** 2
+        labels = rng.integers(0, k, n).astype(np.int32)
+        inv = np.where(sizes > 0, 1 / np.where(sizes > 0, sizes, 1), -1.0)
+        offset = np.where(sizes > 0, within * inv * inv, 0.0)
+        new, dist, stats = np.empty(n, np.int32), np.empty(n), np.zeros(1 + k, np.uint64)
+        dense.get_function(f"assign_labels<{T}>")(
+            (1,), (256,), (S, diag, inv, offset, labels, new, dist, stats, i64(n), i32(k)))
+        d = diag.astype(np.float64)[:, None] - 2 * S * inv + offset
+        d[:, sizes == 0] = np.inf
+        checks.equal(f"assign_labels<{T}> labels", new, d.argmin(1))
+        checks.close(f"assign_labels<{T}> distances", dist, d.min(1), rtol=1e-12, atol=1e-12)
+        checks.equal(f"assign_labels<{T}> stats", stats, [(d.argmin(1) != labels).sum(),
+                                                          *np.bincount(d.argmin(1), minlength=k)])
+
+        # offgrid_step, both directions
+        for divide in (0, 1):
+            K0, Kp0 = rng.random((6, 9)).astype(dtype) + 0.5, rng.random((6, 9)).astype(dtype) + 0.5
+            K, Kp = K0.copy(), Kp0.copy()
+            dense.get_function(f"offgrid_step<{T}>")((1,), (256,), (K, Kp, i64(K.size), i32(divide)))
+            r = np.sqrt(Kp0.astype(np.float64))
+            checks.close(f"offgrid_step<{T}> divide={divide}", K, K0 / r if divide else K0 * r, rtol=rtol)
+            checks.close(f"offgrid_step<{T}> sqrt", Kp, r, rtol=rtol)
+
+    # segment_sums (float16 storage as its bits too): 2-D grid, chunks of entries
+    n, k = 40, 3
+    X = rng.normal(size=(n, 2))
+    Kf = np.exp(-((X[:, None] - X[None]) ** 2).sum(-1))
+    labels = rng.integers(0, k, n).astype(np.int32)
+    rows = np.argsort(labels, kind="stable").astype(np.int64)
+    w = rng.random(n)
+    for dtype, T in ((np.float32, "float"), (np.float64, "double"), (np.float16, "unsigned short")):
+        K = Kf.astype(dtype)
+        Kk = K.view(np.uint16) if dtype == np.float16 else K
+        S = np.zeros((n, k))
+        chunks, per_chunk = 3, (n + 2) // 3
+        dense.get_function(f"segment_sums<{T}>")(
+            (1, chunks), (256,), (Kk, rows, labels[rows], w[rows], S, i64(n), i32(k), i64(n), i64(per_chunk)))
+        Y = np.zeros((n, k))
+        Y[np.arange(n), labels] = w
+        checks.close(f"segment_sums<{T}>", S, K.astype(np.float64) @ Y, rtol=1e-12, atol=1e-12)
+
+    # the tiled engine: t x m tile, row0 > 0 so the unit diagonal lands inside, shared and global sums
+    t, m, row0 = 3, 45, 2
+    Xc = rng.normal(size=(m, 3))
+    Xr = Xc[row0:row0 + t]
+    G, a, b = Xr @ Xc.T, (Xr * Xr).sum(1), (Xc * Xc).sum(1)
+    points = np.arange(m, dtype=np.int64)
+    for dtype, T in ((np.float32, "float"), (np.float64, "double")):
+        for kind in (1, 2, 4):
+            v = _kappa(G.astype(dtype).astype(np.float64), a.astype(dtype).astype(np.float64),
+                       b.astype(dtype).astype(np.float64), kind, gamma, coef0, degree).astype(dtype)
+            v = v.astype(np.float64)
+            if kind in (1, 4):
+                v[np.arange(t), row0 + np.arange(t)] = 1.0
+            rtol = 2e-6 if dtype == np.float32 else 1e-12
+            args = (G.astype(dtype), a.astype(dtype), b.astype(dtype), i64(t), i64(m), i32(kind), f64(gamma),
+                    f64(coef0), i32(degree))
+            Gt = G.astype(dtype)
+            tiled.get_function(f"tile_epilogue<{T}>")((t,), (256,), (Gt, *args[1:], points, i64(row0)))
+            checks.close(f"tile_epilogue<{T}> kind {kind}", Gt, v, rtol=rtol, atol=rtol)
+            for k in (5, 7):
+                for shared in ("true", "false"):
+                    clusters = np.sort(rng.integers(0, k, m)).astype(np.int32)
+                    old = rng.integers(0, k, m).astype(np.int32)
+                    w = rng.random(m)
+                    smem = 8 * k if shared == "true" else 0
+                    S = np.zeros((t, k))
+                    tiled.get_function(f"tile_cluster_sums<{T}, {shared}>")(
+                        (t,), (256,), (*args, clusters, w, points, i64(row0), S, i32(k)), shared_mem=smem)
+                    Y = np.zeros((m, k))
+                    Y[np.arange(m), clusters] = w
+                    checks.close(f"tile_cluster_sums<{T}, {shared}> kind {kind}", S, v @ Y, rtol=1e-12, atol=1e-12)
+                    S = np.zeros((t, k))
+                    tiled.get_function(f"tile_moved_sums<{T}, {shared}>")(
+                        (t,), (256,), (*args, clusters, old, w, points, i64(row0), S, i32(k)), shared_mem=smem)
+                    D = np.zeros((m, k))
+                    D[np.arange(m), clusters] += w
+                    D[np.arange(m), old] -= w
+                    checks.close(f"tile_moved_sums<{T}, {shared}> kind {kind}", S, v @ D, rtol=1e-12, atol=1e-12)
+
+
+# ---- planted bugs ------------------------------------------------------------------------------------------------
+def planted_case(name):
+    import numpy as np
+    rng = np.random.default_rng(5)
+    if name == "oob":
+        x = rng.random(64).astype(np.float32)
+        y = np.zeros_like(x)
+        module("oob_read.cu").get_function("shift_left")((1,), (64,), (x, y, np.int32(64)))
+    elif name == "shared_overrun":
+        k, n = 6, 50
+        out = np.zeros(k)
+        module("shared_overrun.cu").get_function("bucket_sums")(
+            (1,), (32,), (rng.integers(0, k, n).astype(np.int32), rng.random(n), np.int32(n), np.int32(k), out),
+            shared_mem=8 * k)
+    elif name == "missing_barrier":
+        x = rng.random(64)
+        y = np.zeros_like(x)
+        module("missing_barrier.cu").get_function("rotate_double")((2,), (32,), (x, y), shared_mem=32 * 8)
+        print("result", " ".join(f"{v:.6f}" for v in y[:8]))
+    elif name == "racy":
+        x = rng.random(200)
+        total = np.zeros(1)
+        module("racy_accumulate.cu").get_function("racy_total")((4,), (64,), (x, total, np.int64(x.size)))
+        print("total", total[0], "expected", x.sum())
+    elif name == "overflow":
+        n = 1000
+        x = rng.random(n).astype(np.float32)
+        module("undefined_behaviour.cu").get_function("strided_gather")(
+            (4,), (256,), (x, np.zeros_like(x), np.int32(3_000_000), np.int32(n)))
+    elif name == "misaligned":
+        x = rng.random(33)
+        module("undefined_behaviour.cu").get_function("misaligned_read")((1,), (32,), (x, np.zeros(32)))
+    elif name == "divergent":
+        x = rng.random(64).astype(np.float32)
+        module("divergent_barrier.cu").get_function("half_barrier")(
+            (2,), (32,), (x, np.zeros_like(x), np.int32(64)), shared_mem=32 * 4)
+    else:
+        raise SystemExit(f"unknown case {name!r}")
+    print("NOT CAUGHT")
+    return 3
+
+
+def main(argv):
+    if len(argv) != 1:
+        print(__doc__)
+        return 2
+    _setup()
+    case = argv[0]
+    if case in ("reference", "real"):
+        checks = Checks()
+        (reference_case if case == "reference" else real_case)(checks)
+        return checks.finish()
+    return planted_case(case)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
