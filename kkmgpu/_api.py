@@ -423,7 +423,7 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
         train_labels = backend.asarray(result._train_labels, dtype=np.int32)
         train_weights = backend.asarray(result._train_weights, dtype=np.float64)
         m = X_new.shape[0]
-        step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize)
+        step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize, backend=backend)
         out = []
         if spec.name != "precomputed":
             A_all = _kernels.prepare_features(X_new, spec, backend, dt)
@@ -452,7 +452,7 @@ def _predict_cats(result, X_new, backend, dt, batch_size):
     index = backend.asarray(state.index.ravel())
     alpha = backend.asarray(state.alpha)
     m = X_new.shape[0]
-    step = batch_size or _kernels.tile_rows(index.shape[0], dt.itemsize)
+    step = batch_size or _kernels.tile_rows(index.shape[0], dt.itemsize, backend=backend)
     if spec.name == "precomputed":
         A_all = None
     else:

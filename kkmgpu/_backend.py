@@ -31,12 +31,16 @@ __all__ = [
     "import_cupyx",
     "is_cupy_array",
     "resolve_device",
+    "work_bytes",
 ]
 
 ENV_DEVICE = "KKMGPU_DEVICE"
 #: Fraction of the free memory a dense allocation may take; the rest is headroom
 #: for the GEMM workspace, the n x k cluster sums and the allocator.
 MEMORY_HEADROOM = 0.9
+#: Fraction of the free memory a temporary work buffer (a row tile of kernel values, distances, ...) may take,
+#: whatever its fixed cap: what the memory guard leaves free must hold the tiles of the pass that follows.
+WORK_FRACTION = 0.25
 
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
@@ -199,6 +203,16 @@ def check_fits(nbytes: int, backend: Backend, what: str) -> None:
             f"{_format_bytes(available)} ({available} bytes) available; an allocation may use at most "
             f"{MEMORY_HEADROOM:.0%} of the free memory. Use fewer points, dtype='float32', or another device."
         )
+
+
+def work_bytes(cap: int, backend: Backend, minimum: int = 1) -> int:
+    """Bytes a temporary work buffer may take on ``backend`` now: ``cap``, but at most WORK_FRACTION of the free
+    memory, and at least ``minimum`` (one row of the tile must fit; the guard of the arrays that stay decides
+    whether the run fits at all)."""
+    available = backend.available_bytes()
+    if available is None:
+        return max(int(cap), int(minimum))
+    return max(int(minimum), min(int(cap), int(WORK_FRACTION * available)))
 
 
 def resolve_device(device="auto", arrays=()) -> Backend:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _kernels
-from ._backend import Backend
+from ._backend import Backend, check_fits, work_bytes
 from ._lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
 
 #: The n x (k l) block is kept between the two passes of an iteration when it takes at most this
@@ -144,7 +144,8 @@ ONE_SQUARE_MAX_BYTES = 256 * 2**20
 def _sample_squares(source, samples, backend, k, l):
     """M (k, l, l) float64: M[c] = K(S_c, S_c)."""
     xp = backend.xp
-    if (k * l) ** 2 * 8 <= ONE_SQUARE_MAX_BYTES:
+    # the one square and its float64 copy are temporaries: within WORK_FRACTION of the free memory too
+    if (k * l) ** 2 * 8 <= ONE_SQUARE_MAX_BYTES and (k * l) ** 2 * (8 + source.itemsize) <= work_bytes(2**62, backend):
         Q = source.square(samples).astype(xp.float64).reshape(k, l, k, l)
         c = xp.arange(k)
         return Q[c, :, c, :]  # the k diagonal blocks
@@ -211,7 +212,12 @@ def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window
     available = backend.available_bytes()
     cache = block_bytes <= min(CACHE_MAX_BYTES, CACHE_FRACTION * (available or 0)) if available else \
         block_bytes <= CACHE_MAX_BYTES
-    step = _kernels.tile_rows(k * l, itemsize)
+    # a tile of the n x (k l) block has a float64 copy in _project: both within WORK_FRACTION of the free memory
+    step = min(_kernels.tile_rows(k * l, itemsize), _kernels.tile_rows(k * l, itemsize + 8, 2**62, backend=backend))
+    # what one iteration holds however small its tiles: T (n x k) and, for alpha, M, its symmetrised copy and the
+    # eigenvectors (k x l x l, about six such at once), float64, with one tile
+    check_fits(8 * (n * k + 6 * k * l * l) + step * k * l * (itemsize + 8), backend,
+               f"the CATS iteration's arrays (n={n}, k={k}, l={l})")
     labels_h = np.asarray(init_labels, dtype=np.int32).copy()
     labels = backend.asarray(labels_h)
     history = []

@@ -32,7 +32,7 @@ import numbers
 
 import numpy as np
 
-from ._backend import Backend, is_cupy_array
+from ._backend import Backend, is_cupy_array, work_bytes
 
 #: Bytes a row tile of the neighbour search may take (distances, argsort output, gathered labels, mismatches).
 TILE_BYTES_CPU = 64 * 2**20
@@ -58,8 +58,10 @@ def tail_weights(n: int) -> np.ndarray:
 
 
 def default_batch_size(n: int, backend: Backend) -> int:
-    budget = TILE_BYTES_GPU if backend.is_gpu else TILE_BYTES_CPU
-    return int(max(1, min(n, budget // (_BYTES_PER_ELEMENT * max(n, 1)))))
+    """Rows per tile of the neighbour search: TILE_BYTES_(CPU|GPU), within WORK_FRACTION of the free memory."""
+    row = _BYTES_PER_ELEMENT * max(n, 1)
+    budget = work_bytes(TILE_BYTES_GPU if backend.is_gpu else TILE_BYTES_CPU, backend, minimum=row)
+    return int(max(1, min(n, budget // row)))
 
 
 def check_batch_size(batch_size, n: int, backend: Backend) -> int:
@@ -117,8 +119,8 @@ class NeighbourOrder:
         self.X = Xc - xp.round(Xc.mean(axis=0))
         self.sq_norms = (self.X * self.X).sum(axis=1)
         self.batch_size = batch_size
-        if keep_bytes is None:
-            keep_bytes = KEEP_ORDER_BYTES_GPU if backend.is_gpu else KEEP_ORDER_BYTES_CPU
+        if keep_bytes is None:  # kept beside whatever else the caller holds: within WORK_FRACTION of the free memory
+            keep_bytes = work_bytes(KEEP_ORDER_BYTES_GPU if backend.is_gpu else KEEP_ORDER_BYTES_CPU, backend, 0)
         self.keep = self.n * (self.n - 1) * 4 <= keep_bytes
         self._kept = None
 

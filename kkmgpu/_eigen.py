@@ -283,7 +283,7 @@ def predict_eigen(result, X_new, backend: Backend, dt, batch_size):
     m = X_new.shape[0]
     P = backend.asarray(state.projection)
     M = backend.asarray(state.centroid_sums).astype(P.dtype)
-    step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize)
+    step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize, backend=backend)
     if spec.name != "precomputed":
         A_all = _kernels.prepare_features(X_new, spec, backend, dt)
         B = backend.asarray(result._train_features)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._backend import Backend, check_fits
+from ._backend import Backend, check_fits, work_bytes
 
 EPILOGUE_CODES = {"linear": 0, "rbf": 1, "polynomial": 2, "sigmoid": 3, "laplacian": 4}
 KERNEL_NAMES = ("rbf", "polynomial", "sigmoid", "linear", "laplacian", "precomputed")
@@ -157,8 +157,13 @@ def prepare_features(X, spec: KernelSpec, backend: Backend, dtype):
     return backend.asarray(X, dtype=dtype)
 
 
-def tile_rows(n_cols: int, itemsize: int, tile_bytes: int = TILE_BYTES) -> int:
-    return max(1, tile_bytes // max(1, n_cols * itemsize))
+def tile_rows(n_cols: int, itemsize: int, tile_bytes: int = TILE_BYTES, backend: Backend | None = None) -> int:
+    """Rows of a tile of ``n_cols`` columns within ``tile_bytes`` (and, given ``backend``, within WORK_FRACTION of
+    its free memory)."""
+    row = max(1, n_cols * itemsize)
+    if backend is not None:
+        tile_bytes = work_bytes(tile_bytes, backend, minimum=row)
+    return max(1, tile_bytes // row)
 
 
 def kernel_block(A, B, spec: KernelSpec, backend: Backend, out=None, a_sq=None, b_sq=None):
@@ -210,7 +215,11 @@ def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, 
     m, n = A.shape[0], B.shape[0]
     storage = np.dtype(A.dtype if storage is None else storage)
     itemsize = storage.itemsize
-    check_fits(m * n * itemsize, backend, f"the {m} x {n} {storage.name} kernel matrix")
+    # Tiles not computed in place in K (float16 storage, a callable's blocks) take a buffer beside K: one row of it
+    # at least must fit too, and the tiles are sized from what K leaves free.
+    buffered = storage != A.dtype or spec.name == "callable"
+    check_fits(m * n * itemsize + (n * np.dtype(A.dtype).itemsize if buffered else 0), backend,
+               f"the {m} x {n} {storage.name} kernel matrix")
     if verbose:
         print(f"[kkmgpu] building the {m} x {n} {spec.name} kernel matrix "
               f"({m * n * itemsize / 2**20:.1f} MiB, {storage.name}) on {backend.name}")
@@ -230,7 +239,7 @@ def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, 
             sq = a_sq if distance else xp.zeros(m, dtype=A.dtype)  # read for every row: full length
             backend.ops.kernel_epilogue(K, sq, sq, code, spec.gamma or 0.0, spec.coef0, spec.degree)
     else:
-        step = tile or tile_rows(n, np.dtype(A.dtype).itemsize)
+        step = tile or tile_rows(n, np.dtype(A.dtype).itemsize, backend=backend)
         for i0 in range(0, m, step):
             i1 = min(m, i0 + step)
             out = K[i0:i1] if storage == A.dtype else None

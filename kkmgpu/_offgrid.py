@@ -72,8 +72,9 @@ def flat_log(dtype) -> float:
 
 
 def tile_rows(n_cols: int, itemsize: int, backend: Backend | None = None) -> int:
+    """Rows of a work tile of ``n_cols`` columns: TILE_BYTES(_GPU), within WORK_FRACTION of the free memory."""
     budget = TILE_BYTES_GPU if backend is not None and backend.is_gpu else TILE_BYTES
-    return _kernels.tile_rows(n_cols, itemsize, budget)
+    return _kernels.tile_rows(n_cols, itemsize, budget, backend=backend)
 
 
 # --- squared distances and RBF matrices from features ------------------------------------------------

@@ -101,7 +101,9 @@ def silhouette(X, labels, *, device="auto", batch_size=None) -> float:
         Y = _one_hot(codes, k, xp)
         sq = (X * X).sum(axis=1)
         counts_d = backend.asarray(counts)
-        step = batch_size or _kernels.tile_rows(n, 8)
+        # the distance expression below holds up to three (b, n) float64 temporaries at once: within WORK_FRACTION
+        # of the free memory together
+        step = batch_size or min(_kernels.tile_rows(n, 8), _kernels.tile_rows(n, 3 * 8, 2**62, backend=backend))
         total = 0.0
         for i0 in range(0, n, step):
             i1 = min(n, i0 + step)

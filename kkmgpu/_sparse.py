@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from ._backend import Backend, import_cupyx
+from ._backend import Backend, check_fits, import_cupyx
 
 __all__ = ["SparseKernelOperator", "is_sparse", "sparse_module", "to_backend_csr", "library_cluster_sums",
            "library_update_cluster_sums"]
@@ -54,6 +54,7 @@ def to_backend_csr(A, backend: Backend, dtype=None):
     """
     sp = sparse_module(backend)
     on_gpu = sys.modules.get("cupyx.scipy.sparse") is not None and sys.modules["cupyx.scipy.sparse"].issparse(A)
+    fresh = False  # whether A is already a copy of the caller's matrix (then it is canonicalised in place)
     if backend.is_gpu:
         if on_gpu:
             A = A.tocsr()
@@ -63,18 +64,31 @@ def to_backend_csr(A, backend: Backend, dtype=None):
             A = A.tocsr()
             if dtype is not None and A.dtype != dtype:
                 A = A.astype(dtype)
-            A = sp.csr_matrix(A)
+            check_fits(csr_bytes(A), backend, f"the {A.shape[0]} x {A.shape[1]} sparse matrix ({A.nnz} stored "
+                       "entries) on the device")
+            A = sp.csr_matrix(A)  # the transfer is the copy
+            fresh = True
     else:
         A = A.get().tocsr() if on_gpu else A.tocsr()
         A = sp.csr_matrix(A)  # a sparse *array* becomes a matrix, so A @ dense and A[rows] behave alike
     if dtype is not None and A.dtype != dtype:
+        if backend.is_gpu:
+            check_fits(csr_bytes(A, dtype), backend, f"the {np.dtype(dtype).name} copy of the sparse matrix")
         A = A.astype(dtype)
-    else:
+    elif not fresh:
+        if backend.is_gpu:
+            check_fits(csr_bytes(A), backend, "the copy of the sparse matrix")
         A = A.copy()
     A.sum_duplicates()
     A.eliminate_zeros()
     A.sort_indices()
     return A
+
+
+def csr_bytes(A, dtype=None) -> int:
+    """Bytes of the CSR arrays of ``A`` (values in ``dtype``, default A's; int32 indices as on a GPU)."""
+    itemsize = np.dtype(A.dtype if dtype is None else dtype).itemsize
+    return int(A.nnz) * (itemsize + 4) + 4 * (A.shape[0] + 1)
 
 
 # ------------------------------------------------------------------------------------ library (GPU) twin
@@ -136,7 +150,12 @@ class SparseKernelOperator:
         xp = backend.xp
         self.diag = xp.asarray(K.diagonal()).astype(xp.float64)
         self.total_diag = float((weights * self.diag).sum())  # sum_i w_i K*_ii, the same every iteration
-        self._K64 = K if (not backend.is_gpu or K.dtype == np.float64) else K.astype(np.float64)
+        if backend.is_gpu and K.dtype != np.float64:
+            check_fits(csr_bytes(K, np.float64), backend, "the float64 copy of the sparse kernel matrix (cuSPARSE "
+                       "products accumulate in its dtype)")
+            self._K64 = K.astype(np.float64)
+        else:
+            self._K64 = K
 
     def rows(self, index):
         """K[index, :] as a dense float64 host array (for k-means++ seeding)."""
@@ -170,9 +189,12 @@ def check_symmetric_sparse(K, backend: Backend, rtol=None, name="X"):
         rtol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(np.dtype(K.dtype), 1e-10)
     if K.nnz == 0:
         return
-    scale = float(abs(K).max()) or 1.0
+    if backend.is_gpu:  # K.T in CSR and K - K.T (up to twice K's entries) beside K
+        check_fits(3 * csr_bytes(K), backend, f"the symmetry check of the sparse {name} (its transpose and the "
+                   "difference)")
+    scale = max(float(K.data.max()), -float(K.data.min())) or 1.0  # max |K| without a copy of the values
     D = (K - K.T.tocsr()).tocsr()
-    diff = float(abs(D).max()) if D.nnz else 0.0
+    diff = max(float(D.data.max()), -float(D.data.min())) if D.nnz else 0.0
     if diff > rtol * scale:
         raise ValueError(f"{name} is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
                          f"{rtol:g} * max|K|); kernel k-means needs a symmetric kernel.")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
 
-from ._backend import Backend, is_cupy_array
+from ._backend import Backend, check_fits, is_cupy_array, work_bytes
 
 METHODS = ("exact", "cats", "eigen", "trimmed")
 UPDATES = ("auto", "full", "incremental")
@@ -86,8 +87,10 @@ def check_data(X, backend: Backend, *, name="X", square=False):
         raise ValueError(f"{name} has shape {X.shape}; at least one sample and one feature are required.")
     if square and n != d:
         raise ValueError(f"{name} must be a square kernel matrix (n_samples, n_samples); got shape {X.shape}.")
+    if backend.is_gpu and not is_cupy_array(X):  # the copy to the device is the run's first large allocation
+        check_fits(X.nbytes, backend, f"{name} ({n} x {d} {X.dtype.name}) on the device")
     X = backend.asarray(X)
-    if X.dtype.kind == "f" and not all_finite(X, backend.xp):
+    if X.dtype.kind == "f" and not all_finite(X, backend):
         raise ValueError(f"{name} contains NaN or infinity; every value must be finite.")
     return X
 
@@ -109,13 +112,19 @@ def _check_sparse_kernel(X, backend: Backend, name, square):
     return X
 
 
-def all_finite(X, xp, block_bytes=2**26) -> bool:
-    """True if every entry of the 2-D array X is finite (row blocks bound the memory; one host sync)."""
-    step = max(1, block_bytes // max(1, X.shape[1] * X.dtype.itemsize))
-    bad = 0
+def all_finite(X, backend: Backend, block_bytes=2**26) -> bool:
+    """True if every entry of the 2-D array X is finite (one host sync).
+
+    Row blocks of at most ``block_bytes`` of X, and of WORK_FRACTION of the free memory, bound the boolean
+    temporary (X may take most of the device).
+    """
+    xp = backend.xp
+    row = max(1, X.shape[1] * X.dtype.itemsize)
+    step = max(1, work_bytes(block_bytes, backend, minimum=row) // row)
+    finite = True
     for i in range(0, X.shape[0], step):
-        bad = bad + (~xp.isfinite(X[i:i + step])).sum()
-    return int(bad) == 0
+        finite = finite & xp.isfinite(X[i:i + step]).all()
+    return bool(finite)
 
 
 def check_symmetric(K, backend: Backend, rtol=None, block=None, name="X"):
@@ -133,17 +142,23 @@ def check_symmetric(K, backend: Backend, rtol=None, block=None, name="X"):
         rtol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(np.dtype(K.dtype), 1e-10)
     if block is None:
         block = 8192 if backend.is_gpu else 1024  # cache-sized tiles on the CPU, few launches on a GPU
+        # one block x block temporary beside K: within WORK_FRACTION of the free memory (K may take most of it)
+        itemsize = np.dtype(K.dtype).itemsize
+        block = max(1, min(block, math.isqrt(work_bytes(block * block * itemsize, backend) // itemsize)))
     n = K.shape[0]
     scale = 0.0
-    for i in range(0, n, block):
-        scale = xp.maximum(scale, xp.abs(K[i:i + block]).max())
+    for i in range(0, n, block):  # max |K| from the max and min of row blocks: no temporary the size of a block
+        rows = K[i:i + block]
+        scale = xp.maximum(scale, xp.maximum(rows.max(), -rows.min()))
     scale = float(scale) or 1.0
     for i0 in range(0, n, block):
         i1 = min(n, i0 + block)
         diff = 0.0
         for j0 in range(i0, n, block):
             j1 = min(n, j0 + block)
-            diff = xp.maximum(diff, xp.abs(K[i0:i1, j0:j1] - K[j0:j1, i0:i1].T).max())
+            tile = K[i0:i1, j0:j1] - K[j0:j1, i0:i1].T
+            xp.abs(tile, out=tile)
+            diff = xp.maximum(diff, tile.max())
         diff = float(diff)
         if diff > rtol * scale:
             raise ValueError(f"{name} is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "

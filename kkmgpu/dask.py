@@ -152,7 +152,7 @@ def _block_cats_sums(block, labels, index):
         samples = block.source.take(be.asarray(index.ravel()))
         lab_all = be.asarray(labels)
         Lw = xp.zeros((k, l), dtype=xp.float64)
-        step = _kernels.tile_rows(k * l, block.source.itemsize)
+        step = _kernels.tile_rows(k * l, block.source.itemsize, backend=be)
         for i0 in range(block.r0, block.r1, step):
             i1 = min(block.r1, i0 + step)
             B = block.source.block(i0, i1, samples)
@@ -180,7 +180,7 @@ def _block_cats_assign(block, labels, index, alpha, offsets, nonempty):
         alpha_d = be.asarray(alpha)
         k, l = index.shape
         T = xp.empty((block.r1 - block.r0, k), dtype=xp.float64)
-        step = _kernels.tile_rows(k * l, block.source.itemsize)
+        step = _kernels.tile_rows(k * l, block.source.itemsize, backend=be)
         for i0 in range(block.r0, block.r1, step):
             i1 = min(block.r1, i0 + step)
             T[i0 - block.r0:i1 - block.r0] = _cats._project(block.source.block(i0, i1, samples), alpha_d, xp)

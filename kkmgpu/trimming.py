@@ -532,6 +532,9 @@ def _fit_sparse(X, k, *, spec, backend, dt, precomputed, method, weights_h, init
                              "clustered as given with method='exact' (trimming sorts every value of a row: "
                              "pass the dense K to trim it).")
         value_dtype = np.float32 if dt == np.float16 else dt
+        if X.dtype != value_dtype:
+            check_fits(_sparse.csr_bytes(X, value_dtype), backend, f"the {np.dtype(value_dtype).name} copy of the "
+                       "sparse kernel matrix")
         K_star = X if X.dtype == value_dtype else X.astype(value_dtype)
         t_kernel = t_trim = backend.timer()
     else:
@@ -604,7 +607,8 @@ def _predict_trimmed(result, X_new, backend: Backend, dt, batch_size=None):
     row_sizes = backend.asarray(state.row_sizes)
     diag = backend.asarray(state.train_diag)
     m = X_new.shape[0]
-    step = batch_size or max(1, tile_rows(n, 8) // 4)  # the block, its sorted copy and two trimmed sides
+    # the block, its sorted copy and two trimmed sides
+    step = batch_size or max(1, tile_rows(n, 8, backend=backend) // 4)
     if spec.name != "precomputed":
         A_all = prepare_features(X_new, spec, backend, dt)
         B = backend.asarray(result._train_features)

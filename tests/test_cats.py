@@ -520,7 +520,7 @@ def test_recomputed_and_tiled_blocks_give_the_same_run(monkeypatch, device):
     cached = quiet_fit(X, 4, **kwargs)
     monkeypatch.setattr(_cats, "CACHE_MAX_BYTES", 0)
     recomputed = quiet_fit(X, 4, **kwargs)
-    monkeypatch.setattr(_cats._kernels, "tile_rows", lambda n_cols, itemsize, tile_bytes=None: 37)
+    monkeypatch.setattr(_cats._kernels, "tile_rows", lambda n_cols, itemsize, tile_bytes=None, backend=None: 37)
     tiled = quiet_fit(X, 4, **kwargs)
     monkeypatch.setattr(_cats, "ONE_SQUARE_MAX_BYTES", 0)  # M_c one cluster at a time, not one (kl)^2 block
     per_cluster = quiet_fit(X, 4, **kwargs)

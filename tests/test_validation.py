@@ -1,8 +1,9 @@
 """Bad arguments fail at the boundary with an exception whose message names the value."""
 
+import contextlib
+
 import numpy as np
 import pytest
-from conftest import gpu_usable
 
 import kkmgpu
 from kkmgpu import _backend
@@ -242,12 +243,13 @@ def test_bad_device_string(X, device):
 
 
 def test_cuda_without_gpu_raises_device_unavailable(X, monkeypatch):
-    if gpu_usable():
-        pytest.skip("a GPU is usable here, so device='cuda' is expected to work")
+    """No usable GPU (simulated, so that the case runs with and without one): device="cuda" raises naming why."""
     monkeypatch.delenv("KKMGPU_DEVICE", raising=False)
-    with pytest.raises(kkmgpu.DeviceUnavailableError, match="cuda"):
+    monkeypatch.setattr(_backend, "cuda_unavailable_reason", lambda: "no CUDA device in this test")
+    with pytest.raises(kkmgpu.DeviceUnavailableError, match=r"device='cuda'.*no CUDA device in this test"):
         fit(X, device="cuda")
     assert issubclass(kkmgpu.DeviceUnavailableError, RuntimeError)
+    assert kkmgpu.fit(X, 2, device="auto", random_state=0).device == "cpu"  # auto falls back instead
 
 
 def test_cuda_ordinal_out_of_range(X, monkeypatch):
@@ -269,6 +271,116 @@ def test_insufficient_memory_names_bytes_needed(monkeypatch):
     monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: 10_000_000)
     with pytest.raises(kkmgpu.InsufficientMemoryError, match=str(n * n * 4)):
         fit(X, 2, dtype="float32", engine="dense")
+
+
+# ------------------------------------------------------------------------ device memory on the GPU
+
+
+@contextlib.contextmanager
+def free_device_memory(nbytes):
+    """The GPU with ``nbytes`` free: the emulated device shrunk to what is in use plus ``nbytes`` (the CuPy
+    stand-in), or a real GPU's rest taken by a ballast array."""
+    cp = _backend.import_cupy()
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    if hasattr(cp.cuda, "standin_device_memory"):
+        with cp.cuda.standin_device_memory(pool.used_bytes() + int(nbytes)):
+            yield
+        return
+    ballast = cp.empty(max(0, cp.cuda.runtime.memGetInfo()[0] - int(nbytes)), dtype=cp.uint8)
+    try:
+        yield
+    finally:
+        del ballast
+        pool.free_all_blocks()
+
+
+def _search_summary(result):
+    best = result.clusterings[result.best_index]
+    return (len(result.clusterings), result.best_index, best.gamma)
+
+
+def _critical_summary(result):
+    assert result.n_steps > 0 and result.lower > 0  # the walk ran
+    return (result.sigma, result.lower)
+
+
+def _memory_cases(n=300):
+    """(name, run(device), bytes of the run's main arrays) for the memory-bound routes of the GPU path."""
+    import scipy.sparse
+
+    rng = np.random.default_rng(8)
+    X = np.concatenate([rng.normal(c, 0.4, size=(n // 4, 3)) for c in (0.0, 3.0, 6.0, 9.0)])
+    y = np.repeat(np.arange(4), n // 4)  # the blobs: a fixed point at a small bandwidth
+    init = rng.integers(0, 4, n)
+    sq = (X * X).sum(axis=1)
+    K = np.exp(-0.2 * np.maximum(sq[:, None] + sq[None, :] - 2.0 * (X @ X.T), 0.0))
+    Ksp = scipy.sparse.csr_matrix(np.where(K > 0.05, K, 0.0))
+    model = {}
+    X_new = rng.normal(4.0, 4.0, size=(2000, 3))
+
+    def predict(device):
+        if device not in model:
+            model[device] = kkmgpu.fit(X, 4, device=device, init=init, dtype="float32")
+        return kkmgpu.predict(model[device], X_new)
+
+    return [
+        ("exact-float32", lambda d: kkmgpu.fit(X, 4, device=d, init=init, dtype="float32").labels, n * n * 4),
+        ("exact-float64", lambda d: kkmgpu.fit(X, 4, device=d, init=init, dtype="float64").labels, n * n * 8),
+        ("exact-float16", lambda d: kkmgpu.fit(X, 4, device=d, init=init, dtype="float16").labels, n * n * 2),
+        ("precomputed", lambda d: kkmgpu.fit(K.astype(np.float32), 4, kernel="precomputed", device=d, init=init,
+                                              dtype="float32").labels, n * n * 4),
+        ("precomputed-sparse", lambda d: kkmgpu.fit(Ksp, 4, kernel="precomputed", device=d, init=init,
+                                                     dtype="float64").labels, Ksp.nnz * 12),
+        ("trimmed", lambda d: kkmgpu.fit(X, 4, method="trimmed", device=d, init=init).labels, n * n * 4),
+        # l = 40 > 32: the GPU decomposes the M_c one by one (cuSOLVER's batched Jacobi limit)
+        ("cats", lambda d: kkmgpu.fit(X, 4, method="cats", device=d, init=init, random_state=0, exact_objective=True,
+                                      n_samples_per_cluster=40).labels, n * 4 * 40 * 8),  # the n x (k l) block
+        ("search-bandwidth", lambda d: _search_summary(kkmgpu.search_bandwidth(X, 4, device=d, init=init,
+                                                                                max_values=6)), 2 * n * n * 8),
+        ("critical-bandwidth", lambda d: _critical_summary(kkmgpu.critical_bandwidth(X, y, sigma=0.5, device=d)),
+         2 * n * n * 8),
+        ("predict", predict, n * n * 4),
+        ("silhouette", lambda d: (kkmgpu.metrics.silhouette(X, init, device=d),), n * n * 8),
+    ]
+
+
+_MEMORY_CASES = ("exact-float32", "exact-float64", "exact-float16", "precomputed", "precomputed-sparse", "trimmed",
+                 "cats", "search-bandwidth", "critical-bandwidth", "predict", "silhouette")
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:engine='auto'")  # the dense K does not fit: the tiled engine, as it should
+@pytest.mark.parametrize("case", range(len(_MEMORY_CASES)), ids=_MEMORY_CASES)
+def test_tight_gpu_memory_gives_insufficient_memory_error_or_the_same_result(case):
+    """However little memory the GPU has free, a run either raises kkmgpu's InsufficientMemoryError (its memory
+    guard) or completes with the result it has with plenty: CuPy's OutOfMemoryError must never escape (a guard
+    that accepts and then runs out, or a work buffer sized without looking at the free memory)."""
+    from conftest import cuda_skip_reason
+
+    reason = cuda_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    # The emulated device accounts for every byte, so a few hundred points show the guard's gaps; a real GPU also
+    # holds the libraries' workspaces (cuBLAS, cuSOLVER) beside CuPy's pool: there the arrays must dwarf them.
+    emulated = hasattr(_backend.import_cupy().cuda, "standin_device_memory")
+    name, run, nbytes = _memory_cases(300 if emulated else 8192)[case]
+    assert name == _MEMORY_CASES[case]
+    expected = run("cuda")
+    outcomes = []
+    for fraction in (0.5, 1.02, 1.3, 3.0, 10.0):
+        with free_device_memory(int(nbytes * fraction / _backend.MEMORY_HEADROOM)):
+            try:
+                got = run("cuda")
+            except kkmgpu.InsufficientMemoryError:
+                outcomes.append((fraction, "InsufficientMemoryError"))
+                continue
+        outcomes.append((fraction, "ok"))
+        if isinstance(expected, np.ndarray):
+            assert np.mean(np.asarray(got) == expected) >= 0.99, (name, fraction)
+        else:
+            assert got == pytest.approx(expected, rel=1e-6), (name, fraction)
+    assert outcomes[-1][1] == "ok", outcomes  # ten times the main arrays is plenty
 
 
 # --------------------------------------------------------------------------- predict

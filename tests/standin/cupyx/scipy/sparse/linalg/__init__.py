@@ -1,0 +1,50 @@
+"""cupyx.scipy.sparse.linalg of the CuPy stand-in: ``eigsh`` (CuPy 13's signature and checks) over SciPy's
+ARPACK."""
+from __future__ import annotations
+
+import numpy as _np
+import scipy.sparse.linalg as _spla
+
+import cupy as _cp
+from cupyx.scipy import sparse as _sparse
+
+
+def eigsh(a, k=6, *, which="LM", v0=None, ncv=None, maxiter=None, tol=0, return_eigenvectors=True):
+    """``k`` eigenvalues (ascending) and eigenvectors of the real symmetric ``a``.
+
+    As CuPy's (thick-restart Lanczos there, ARPACK here): ``a`` a device array or device sparse matrix,
+    ``1 <= k < n``, ``which`` in {'LM', 'LA', 'SA'}, ``v0`` a device array; the results are device arrays in
+    ``a``'s dtype, eigenvalues ascending.
+    """
+    if isinstance(a, _sparse.spmatrix):
+        host = a._sp
+    elif isinstance(a, _cp.ndarray):
+        host = a._host
+    else:
+        raise TypeError(f"Unsupported type {type(a)}: eigsh takes a cupy.ndarray or a cupyx.scipy.sparse matrix")
+    n = a.shape[0]
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise ValueError(f"expected square matrix (shape: {a.shape})")
+    if a.dtype.char not in "fdFD":
+        raise TypeError(f"unsupprted dtype (actual: {a.dtype})")  # sic, CuPy's message
+    if k <= 0:
+        raise ValueError(f"k must be greater than 0 (actual: {k})")
+    if k >= n:
+        raise ValueError(f"k must be smaller than n (actual: {k})")
+    if which not in ("LM", "LA", "SA"):
+        raise ValueError(f"which must be 'LM', 'LA' or 'SA' (actual: {which})")
+    if v0 is not None and not isinstance(v0, _cp.ndarray):
+        raise TypeError(f"Unsupported type {type(v0)}: v0 must be a device array")
+    ncv = min(max(2 * k, k + 32), n - 1) if ncv is None else min(max(ncv, k + 2), n - 1)
+    if k >= n - 1 or ncv <= k:  # ARPACK needs k < ncv <= n: the whole spectrum instead
+        dense = host.toarray() if hasattr(host, "toarray") else host
+        w, x = _np.linalg.eigh(dense)
+        pick = {"LA": _np.argsort(w)[-k:], "SA": _np.argsort(w)[:k], "LM": _np.argsort(_np.abs(w))[-k:]}[which]
+        w, x = w[pick].astype(a.dtype), x[:, pick].astype(a.dtype)
+    else:
+        w, x = _spla.eigsh(host, k=k, which=which, v0=None if v0 is None else v0._host, ncv=ncv,
+                           maxiter=10 * n if maxiter is None else maxiter, tol=tol)
+    order = _np.argsort(w)
+    if not return_eigenvectors:
+        return _cp._from_host(_np.ascontiguousarray(w[order]))
+    return _cp._from_host(_np.ascontiguousarray(w[order])), _cp._from_host(_np.ascontiguousarray(x[:, order]))
