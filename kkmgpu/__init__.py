@@ -11,6 +11,7 @@ from ._backend import DeviceUnavailableError, InsufficientMemoryError, cuda_unav
 from .bandwidth import (BandwidthClustering, BandwidthSearchResult, CriticalBandwidth, bandwidth_lower_bound,
                         binary_search_critical_bandwidth, critical_bandwidth, fast_power, search_bandwidth,
                         search_grid, search_mknn, search_polynomial_degree)
+from ._kernels import PrecisionWarning, UninformativeKernelWarning
 from ._lloyd import ConvergenceWarning
 from ._result import KernelKMeansResult
 from .estimator import KernelKMeans
@@ -22,6 +23,8 @@ __all__ = [
     "ConvergenceWarning",
     "DeviceUnavailableError",
     "InsufficientMemoryError",
+    "PrecisionWarning",
+    "UninformativeKernelWarning",
     "KernelKMeans",
     "KernelKMeansResult",
     "cuda_unavailable_reason",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 
 import numpy as np
@@ -20,7 +22,7 @@ def _prepare_inputs(X, backend, spec_args, dtype, precomputed):
     """Validated data on the device, the resolved kernel spec, and the prepared features."""
     X = _validation.check_data(X, backend, square=precomputed)
     spec = _kernels.resolve_kernel(X=X, xp=backend.xp, **spec_args)
-    spec = _kernels.with_center(spec, X, backend.xp)
+    spec = _kernels.with_center(spec, X, backend.xp, dtype)
     return X, spec
 
 
@@ -65,7 +67,14 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
             if Y.shape[1] != X.shape[1]:
                 raise ValueError(f"Y has {Y.shape[1]} features but X has {X.shape[1]}; they must match.")
             B = _kernels.prepare_features(Y, spec, backend, ct)
-        return _kernels.build_kernel_matrix(A, B, spec, backend, storage=dt)
+        K = _kernels.build_kernel_matrix(A, B, spec, backend, storage=dt)
+        if spec.value_scale != 1.0:  # computed as K / value_scale (a power of two): back to the kernel's units
+            top = float(backend.xp.abs(K).max()) * spec.value_scale
+            if top > float(np.finfo(dt).max):
+                raise ValueError(f"{spec.describe()} has values up to {top:.5g} on these data, beyond {dt.name}'s "
+                                 f"largest value {float(np.finfo(dt).max):.5g}; use dtype='float64' or scale X.")
+            K *= spec.value_scale
+        return K
 
 
 def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None, method="exact",
@@ -90,7 +99,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         "precomputed", or a callable ``f(A, B, **kernel_params)`` returning the (len(A), len(B))
         block. See :mod:`kkmgpu._kernels` for formulas and defaults.
     gamma : float or {"scale", "auto", "search"}, optional
-        Kernel coefficient. Default "scale" = 1 / (n_features * X.var()) for rbf and laplacian,
+        Kernel coefficient. Default "scale" = 1 / (n_features * X.var()) for rbf, 1 / sqrt(n_features *
+        X.var()) for laplacian (the same rule for its unsquared distance; both independent of X's units),
         "auto" = 1 / n_features for polynomial and sigmoid. The Off-the-grid paper's sigma is 1 / gamma.
         "search" (rbf, method="exact"): :func:`kkmgpu.search_bandwidth` with this call's k, init,
         random_state, sample_weight, max_iter, tol, device and dtype picks the clustering of lowest
@@ -135,7 +145,10 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         Stop when |J_prev - J| <= tol * |J_prev| (J the objective). Iterations always stop when
         no point changes cluster.
     sample_weight : array of shape (n_samples,), optional
-        Non-negative weights: cluster means and the objective are weighted.
+        Non-negative finite weights: cluster means and the objective are weighted. Only their ratios
+        matter: they are divided by a power of two near their maximum for the iterations (weights of
+        1e38 or 1e-50 give the labels of weights of 1), and ``objective`` and ``cluster_sizes`` are
+        reported in the given weights' units (the objective is linear in a common scale of the weights).
     random_state : int, numpy Generator or None
         Seeds initialisation; the same seed gives the same labels on the same backend.
     verbose : bool, default=False
@@ -221,13 +234,14 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
                                                    kernel_params=kernel_params), dt, precomputed)
         n = X.shape[0]
         k = _validation.check_k(k, n)
-        weights_h = _validation.check_sample_weight(sample_weight, n)
+        user_weights = _validation.check_sample_weight(sample_weight, n)
+        weights_h, weight_scale = _validation.normalize_weights(user_weights)
         init, n_init = _validation.check_init(init, n, k, n_init)
         if (weights_h > 0).sum() < k:
             raise ValueError(f"only {(weights_h > 0).sum()} samples have a positive sample_weight; "
                              f"at least k={k} are required.")
         if precomputed:
-            _validation.check_symmetric(X, backend)
+            X, spec = _scale_precomputed(X, spec, _validation.check_symmetric(X, backend), dt, backend)
         cats_params = _validation.check_cats_params(
             method, n_samples_per_cluster=n_samples_per_cluster, window=window, theta=theta, rcond=rcond,
             exact_objective=exact_objective, n=n, k=k, dtype=dt)
@@ -236,19 +250,25 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         n_components = _validation.check_eigen_params(method, n_components=n_components, n=n, dtype=dt)
         trim_params = _validation.check_trim_params(method, vote_fraction=trim_vote_fraction, slack=trim_slack,
                                                     h=trim_h, max_size=trim_max_size)
+        if not _sparse.is_sparse(X):
+            _kernels.check_informative(spec, backend, dt, **({"K": X} if precomputed else {"X": X}))
+
+        def finish(result):
+            return _in_user_units(result, user_weights, weight_scale, spec)
+
         t_valid = backend.timer()
         if method == "trimmed" or _sparse.is_sparse(X):
-            return trimming._fit_sparse(X, k, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
+            return finish(trimming._fit_sparse(X, k, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
                                         method=method, weights_h=weights_h, init=init, n_init=n_init,
                                         max_iter=max_iter, tol=tol, rng=rng, verbose=verbose,
                                         keep_on_device=keep_on_device, update=update, params=trim_params,
-                                        t_start=t_start, t_valid=t_valid)
+                                        t_start=t_start, t_valid=t_valid))
         if method == "eigen":
-            return _fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, tol, rng,
-                              verbose, keep_on_device, n_components, t_start, t_valid)
+            return finish(_fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, tol,
+                                     rng, verbose, keep_on_device, n_components, t_start, t_valid))
         if method == "cats":
-            return _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, rng,
-                             verbose, keep_on_device, cats_params, exact_objective, t_start, t_valid)
+            return finish(_fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, rng,
+                                    verbose, keep_on_device, cats_params, exact_objective, t_start, t_valid))
 
         if precomputed:
             features = None
@@ -284,7 +304,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
             "iterations": float(sum(r.seconds for r in runs)),
             "total": t_end - t_start,
         }
-        return KernelKMeansResult(
+        return finish(KernelKMeansResult(
             labels=labels, objective=float(best.objective),
             objective_history=np.asarray(best.history, dtype=np.float64), n_iter=int(best.n_iter),
             converged=bool(best.converged), n_clusters=k, method=method, kernel=spec.name,
@@ -294,7 +314,61 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
             exact_objective=float(best.objective), stop_reason=best.stop_reason,
             method_params={"engine": "dense" if precomputed else engine, "tf32": tf32},
             _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
-            _within=best.within.copy(), _n_train=n)
+            _within=best.within.copy(), _n_train=n))
+
+
+def _scale_precomputed(K, spec, max_abs, dt, backend):
+    """A precomputed K whose values exceed the storage precision's range, divided by a power of two.
+
+    The clustering does not depend on a common scale of K; ``spec.value_scale`` records the divisor and
+    the objectives are reported in K's units. Values are kept below :func:`_kernels.storage_limit`.
+    """
+    limit = _kernels.storage_limit(dt, K.shape[0])
+    if not max_abs > limit:
+        return K, spec
+    bits = math.ceil(math.log2(max_abs) - math.log2(limit))
+    if not _sparse.is_sparse(K):
+        _kernels.check_fits(K.nbytes, backend, f"the rescaled copy of the {K.shape[0]} x {K.shape[0]} kernel matrix")
+    K = K * (2.0 ** -bits)
+    return K, dataclasses.replace(spec, value_scale=2.0 ** bits)
+
+
+#: method_params of method="eigen" in the kernel's units (eigenvalues of K)
+_EIGEN_VALUE_PARAMS = ("negative_eigenvalue_mass", "largest_eigenvalue", "smallest_eigenvalue")
+
+
+def _in_user_units(result, user_weights, weight_scale, spec):
+    """The result with objectives, sizes and weights in the caller's units; ValueError if an objective is not finite.
+
+    The iterations ran on weights / ``weight_scale`` and on K / ``spec.value_scale`` (both powers of two,
+    so the labels are those of the original units): the objective is linear in both.
+    """
+    factor = weight_scale * spec.value_scale
+    changes = {"sample_weight": user_weights}
+    if factor != 1.0:
+        changes.update(
+            objective=float(result.objective) * factor,
+            objective_history=np.asarray(result.objective_history, dtype=np.float64) * factor,
+            objectives=np.asarray(result.objectives, dtype=np.float64) * factor,
+            exact_objective=None if result.exact_objective is None else float(result.exact_objective) * factor)
+    if weight_scale != 1.0:
+        changes.update(cluster_sizes=np.asarray(result.cluster_sizes, dtype=np.float64) * weight_scale,
+                       _weight_scale=weight_scale)
+    if spec.value_scale != 1.0 and result.method == "eigen":
+        params = dict(result.method_params)
+        for key in _EIGEN_VALUE_PARAMS:
+            if key in params:
+                params[key] = float(params[key]) * spec.value_scale
+        changes["method_params"] = params
+    result = dataclasses.replace(result, **changes)
+    for name in ("objective", "exact_objective"):
+        value = getattr(result, name)
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"the {name.replace('_', ' ')} is {value} for {spec.describe()} in dtype={result.dtype!r} "
+                             f"(largest value {float(np.finfo(np.dtype(result.dtype)).max):.5g}); the kernel or the "
+                             "weights leave the representable range on these data. Scale X or the weights, change "
+                             "the kernel's parameters, or use dtype='float64'.")
+    return result
 
 
 def _fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, tol, rng, verbose,
@@ -411,6 +485,8 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
         elif X_new.shape[1] != result._train_features.shape[1]:
             raise ValueError(f"X_new has {X_new.shape[1]} features but the model was fit on "
                              f"{result._train_features.shape[1]}.")
+        if spec.name == "precomputed" and spec.value_scale != 1.0:  # the fit ran on K / value_scale
+            X_new = X_new * (1.0 / spec.value_scale)
         xp = backend.xp
         if result.method == "cats":
             return _predict_cats(result, X_new, backend, dt, batch_size)
@@ -418,7 +494,7 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
             return _eigen.predict_eigen(result, X_new, backend, dt, batch_size)
         if result._trim_state is not None:
             return trimming._predict_trimmed(result, X_new, backend, dt, batch_size)
-        sizes = np.asarray(result.cluster_sizes, dtype=np.float64)
+        sizes = np.asarray(result.cluster_sizes, dtype=np.float64) / result._weight_scale
         within = np.asarray(result._within, dtype=np.float64)
         train_labels = backend.asarray(result._train_labels, dtype=np.int32)
         train_weights = backend.asarray(result._train_weights, dtype=np.float64)

@@ -308,6 +308,8 @@ def run_restarts(operator, k, *, init, n_init, max_iter, tol, rng, verbose, upda
                       ConvergenceWarning, stacklevel=3)
     if best.n_distinct < k:
         warnings.warn(f"Number of distinct clusters ({best.n_distinct}) found smaller than "
-                      f"n_clusters ({k}). Possibly due to duplicate points in X.",
+                      f"n_clusters ({k}): their centres coincide in feature space. Possibly due to duplicate "
+                      "points in X, or to a kernel that does not separate the points (numerically constant on "
+                      "these data, e.g. an rbf or laplacian gamma far too small: see UninformativeKernelWarning).",
                       ConvergenceWarning, stacklevel=3)
     return best, runs, init_seconds

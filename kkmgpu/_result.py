@@ -93,6 +93,8 @@ class KernelKMeansResult:
     _cats_state: object = field(default=None, repr=False)
     _trim_state: object = field(default=None, repr=False)
     _eigen_state: object = field(default=None, repr=False)
+    #: the iterations ran on sample_weight / _weight_scale: cluster_sizes / _weight_scale matches _within
+    _weight_scale: float = 1.0
 
     def __post_init__(self):
         for name in ("labels", "objective_history", "cluster_sizes", "objectives", "sample_weight", "_within"):

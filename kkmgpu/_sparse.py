@@ -184,20 +184,22 @@ class SparseKernelOperator:
 
 
 def check_symmetric_sparse(K, backend: Backend, rtol=None, name="X"):
-    """Raise ValueError unless the sparse K equals K.T within a tolerance for its dtype (O(nnz))."""
+    """Raise ValueError unless the sparse K equals K.T within a tolerance for its dtype (O(nnz)); returns max |K|."""
     if rtol is None:
         rtol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(np.dtype(K.dtype), 1e-10)
     if K.nnz == 0:
-        return
+        return 0.0
     if backend.is_gpu:  # K.T in CSR and K - K.T (up to twice K's entries) beside K
         check_fits(3 * csr_bytes(K), backend, f"the symmetry check of the sparse {name} (its transpose and the "
                    "difference)")
-    scale = max(float(K.data.max()), -float(K.data.min())) or 1.0  # max |K| without a copy of the values
+    max_abs = max(float(K.data.max()), -float(K.data.min()))  # max |K| without a copy of the values
+    scale = max_abs or 1.0
     D = (K - K.T.tocsr()).tocsr()
     diff = max(float(D.data.max()), -float(D.data.min())) if D.nnz else 0.0
     if diff > rtol * scale:
         raise ValueError(f"{name} is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
                          f"{rtol:g} * max|K|); kernel k-means needs a symmetric kernel.")
+    return max_abs
 
 
 def all_finite_sparse(K, backend: Backend) -> bool:

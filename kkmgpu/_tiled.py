@@ -153,8 +153,7 @@ class TiledKernelOperator:
             yield i0, min(self.r1, i0 + step), buffer
 
     def _params(self):
-        spec = self.spec
-        return spec.gamma or 0.0, spec.coef0, spec.degree
+        return self.spec.kernel_args
 
     # -- the operator interface ----------------------------------------------------------------------
 

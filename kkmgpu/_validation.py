@@ -128,7 +128,7 @@ def all_finite(X, backend: Backend, block_bytes=2**26) -> bool:
 
 
 def check_symmetric(K, backend: Backend, rtol=None, block=None, name="X"):
-    """Raise ValueError unless K equals K.T within a tolerance for its dtype.
+    """Raise ValueError unless K equals K.T within a tolerance for its dtype; returns max |K|.
 
     Compares the tiles above the diagonal with the transposed tiles below it, so no n x n temporary
     is made; the maxima stay on the device until one host synchronisation per tile row.
@@ -150,7 +150,8 @@ def check_symmetric(K, backend: Backend, rtol=None, block=None, name="X"):
     for i in range(0, n, block):  # max |K| from the max and min of row blocks: no temporary the size of a block
         rows = K[i:i + block]
         scale = xp.maximum(scale, xp.maximum(rows.max(), -rows.min()))
-    scale = float(scale) or 1.0
+    max_abs = float(scale)
+    scale = max_abs or 1.0
     for i0 in range(0, n, block):
         i1 = min(n, i0 + block)
         diff = 0.0
@@ -163,6 +164,7 @@ def check_symmetric(K, backend: Backend, rtol=None, block=None, name="X"):
         if diff > rtol * scale:
             raise ValueError(f"{name} is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
                              f"{rtol:g} * max|K|); kernel k-means needs a symmetric kernel.")
+    return max_abs
 
 
 def check_k(k, n):
@@ -193,6 +195,20 @@ def check_sample_weight(sample_weight, n):
     if w.sum() <= 0:
         raise ValueError("sample_weight sums to 0; at least one weight must be positive.")
     return w
+
+
+def normalize_weights(w):
+    """(w / scale, scale) with ``scale`` the power of two at or below max(w): the largest weight in [1, 2).
+
+    The clustering does not depend on a common scale of the weights; normalised weights keep every sum
+    in range (weights of 1e38 or 1e-50 give the labels of weights of 1). Dividing by a power of two is
+    exact, so ordinary weights (largest in [1, 2), e.g. all ones) are unchanged.
+    """
+    top = float(w.max())
+    if top <= 0 or 1.0 <= top < 2.0:
+        return w, 1.0
+    scale = 2.0 ** math.floor(math.log2(top))
+    return w / scale, scale
 
 
 def check_init(init, n, k, n_init):

@@ -251,12 +251,12 @@ def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params):
     mean, var = da.compute(X.mean(axis=0, dtype=np.float64), X.astype(np.float64).var())
     mean, var = _host(mean).astype(np.float64), float(_host(var))  # CuPy chunks give CuPy results
     if needs_gamma and gamma == "scale":
-        gamma = 1.0 / (d * float(var)) if var > 0 else 1.0
+        gamma = _kernels.scale_gamma(name, d, float(var))
     elif needs_gamma and gamma == "auto":
         gamma = 1.0 / d
     spec = _kernels.resolve_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0, kernel_params=kernel_params,
                                    X=np.zeros((1, d)), xp=np)
-    if name in ("rbf", "laplacian"):
+    if name in _kernels.CENTERED_KERNELS:
         spec = dataclasses.replace(spec, center=mean)
     return spec
 

@@ -599,7 +599,7 @@ def _predict_trimmed(result, X_new, backend: Backend, dt, batch_size=None):
     spec = result._spec
     k = result.n_clusters
     n = result._n_train
-    sizes = np.asarray(result.cluster_sizes, dtype=np.float64)
+    sizes = np.asarray(result.cluster_sizes, dtype=np.float64) / result._weight_scale
     within = np.asarray(result._within, dtype=np.float64)
     train_labels = backend.asarray(result._train_labels, dtype=np.int32)
     train_weights = backend.asarray(result._train_weights, dtype=np.float64)
