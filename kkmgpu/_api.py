@@ -18,11 +18,11 @@ from ._result import KernelKMeansResult
 __all__ = ["fit", "predict", "kernel_matrix"]
 
 
-def _prepare_inputs(X, backend, spec_args, dtype, precomputed):
-    """Validated data on the device, the resolved kernel spec, and the prepared features."""
+def _prepare_inputs(X, backend, spec_args, dtype, precomputed, center_linear=True):
+    """Validated data on the device and the resolved kernel spec (centre and scales from X, see with_center)."""
     X = _validation.check_data(X, backend, square=precomputed)
     spec = _kernels.resolve_kernel(X=X, xp=backend.xp, **spec_args)
-    spec = _kernels.with_center(spec, X, backend.xp, dtype)
+    spec = _kernels.with_center(spec, X, backend.xp, dtype, center_linear=center_linear)
     return X, spec
 
 
@@ -57,7 +57,7 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
         raise ValueError("kernel='precomputed' makes no sense for kernel_matrix; pass a kernel function.")
     with backend.activate():
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
-                                                   kernel_params=kernel_params), dt, False)
+                                                   kernel_params=kernel_params), dt, False, center_linear=False)
         ct = _validation.compute_dtype(dt)
         A = _kernels.prepare_features(X, spec, backend, ct)
         if Y is None:

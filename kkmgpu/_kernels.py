@@ -229,10 +229,12 @@ def _fmt_pow2(bits: float) -> str:
     return f"2^{bits:.0f} (about 1e{bits * math.log10(2):.0f})"
 
 
-def with_center(spec: KernelSpec, X, xp, dtype=None) -> KernelSpec:
+def with_center(spec: KernelSpec, X, xp, dtype=None, *, center_linear=True) -> KernelSpec:
     """The spec with the centre and the scales its features and values need on the data X (n, d).
 
-    * ``center``: the feature mean, for the translation-invariant kernels (linear, rbf, laplacian).
+    * ``center``: the feature mean, for the translation-invariant kernels (linear, rbf, laplacian). The
+      linear kernel's values change with the centre (its clustering does not): ``center_linear=False``
+      keeps them (:func:`kkmgpu.kernel_matrix`).
     * ``scale``: a power of two dividing the centred features when their squared norms would leave the
       compute precision's range (X * 1e20 in float32, or X * 1e-30), absorbed by gamma (exact).
     * ``value_scale``: a power of two dividing the kernel values when they would exceed the storage
@@ -252,7 +254,7 @@ def with_center(spec: KernelSpec, X, xp, dtype=None) -> KernelSpec:
     mean = X.mean(axis=0, dtype=xp.float64)
     hi = X.max(axis=0).astype(xp.float64)
     lo = X.min(axis=0).astype(xp.float64)
-    centered = spec.name in CENTERED_KERNELS
+    centered = spec.name in CENTERED_KERNELS and (center_linear or spec.name != "linear")
     if centered:
         reach = xp.maximum(hi - mean, mean - lo)
     else:
@@ -310,7 +312,7 @@ def _warn_offset(spec, X, mean, xp, compute):
     """PrecisionWarning when ||mean||^2 / total variance * eps(compute) > 1e-3 (polynomial, sigmoid)."""
     mean_sq = float((mean * mean).sum())
     spread = float(X.var(axis=0, dtype=xp.float64).sum())
-    if mean_sq == 0:
+    if mean_sq == 0 or spread == 0:  # centred already, or constant data (UninformativeKernelWarning's case)
         return
     lost = mean_sq / spread * float(np.finfo(compute).eps) if spread > 0 else math.inf
     if lost > 1e-3:
@@ -549,6 +551,8 @@ def check_informative(spec: KernelSpec, backend: Backend, storage, *, X=None, K=
             # constant at tanh(coef0): gamma <x, y> is negligible; elsewhere (near +-1): tanh is saturated
             at_coef0 = abs(float(np.median(block[off])) - math.tanh(spec.kernel_args[1])) <= 1e-3
             advice = "increase gamma" if at_coef0 else "decrease gamma (tanh is saturated)"
+    if constant and X is not None and bool((X.max(axis=0) == X.min(axis=0)).all()):
+        advice = "X's points coincide"
     message = f"the kernel matrix of {spec.describe()} is {what}."
     if advice:
         message += f" {advice[0].upper()}{advice[1:]}."
