@@ -519,6 +519,11 @@ def check_informative(spec: KernelSpec, backend: Backend, storage, *, X=None, K=
         block = K[idx]
         diag = xp.diagonal(K)
     storage = np.dtype(storage)
+    with np.errstate(over="ignore", invalid="ignore"):  # a callable's values beyond float16 are refused later
+        return _judge_informative(spec, storage, rows, block, diag, backend, X)
+
+
+def _judge_informative(spec, storage, rows, block, diag, backend, X):
     block = backend.to_host(block.astype(storage).astype(np.float64) if block.dtype != storage
                             else block.astype(np.float64))
     diag = backend.to_host(diag.astype(storage).astype(np.float64) if diag.dtype != storage
