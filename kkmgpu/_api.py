@@ -73,7 +73,10 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
             if top > float(np.finfo(dt).max):
                 raise ValueError(f"{spec.describe()} has values up to {top:.5g} on these data, beyond {dt.name}'s "
                                  f"largest value {float(np.finfo(dt).max):.5g}; use dtype='float64' or scale X.")
-            K *= spec.value_scale
+            if spec.value_scale > float(np.finfo(dt).max):  # the factor itself is not a float16
+                K = (K.astype(np.float32) * np.float32(spec.value_scale)).astype(dt)
+            else:
+                K *= spec.value_scale
         return K
 
 

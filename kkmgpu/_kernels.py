@@ -134,7 +134,8 @@ def storage_limit(dtype, n: int = 1) -> float:
     """The largest kernel value kept in ``dtype`` for n points: its largest power of two over 2**HEADROOM_BITS,
     and low enough that the float64 within-cluster totals (up to 4 n^2 max|K| with normalised weights) and
     their squares (CATS's variance rule squares the distortions) stay finite."""
-    bits = math.floor(math.log2(float(np.finfo(dtype).max))) - HEADROOM_BITS
+    # float16: values up to 1, since GPU products of float16 blocks (CATS's projections) return float16 sums
+    bits = 0 if np.dtype(dtype) == np.float16 else math.floor(math.log2(float(np.finfo(dtype).max))) - HEADROOM_BITS
     sums = 511 - HEADROOM_BITS - 2 - 2 * math.ceil(math.log2(max(1, n)))
     return 2.0 ** min(bits, sums)
 
