@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from . import _kernels, _validation
-from ._backend import gemm_precision, resolve_device
+from ._backend import gemm_precision, memory_situation, resolve_device
 from . import _cats, _eigen, _sparse, trimming
 from ._lloyd import DenseKernelOperator, run_restarts
 from ._tiled import TiledKernelOperator, choose_engine
@@ -53,7 +53,7 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
     backend = resolve_device(device, (X,) if Y is None else (X, Y))
     if _kernels.canonical_kernel_name(kernel) == "precomputed":
         raise ValueError("kernel='precomputed' makes no sense for kernel_matrix; pass a kernel function.")
-    with backend.activate():
+    with backend.activate(), memory_situation(dtype=dt):
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
                                                    kernel_params=kernel_params), dt, False)
         ct = _validation.compute_dtype(dt)
@@ -218,7 +218,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     rng = _validation.make_rng(random_state)
     precomputed = _kernels.canonical_kernel_name(kernel) == "precomputed"
     backend = resolve_device(device, (X,))
-    with backend.activate():
+    with backend.activate(), memory_situation(dtype=dt, method=method, engine=engine, precomputed=precomputed):
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
                                                    kernel_params=kernel_params), dt, precomputed)
         n = X.shape[0]

@@ -109,7 +109,8 @@ def check_data(X, backend: Backend, *, name="X", square=False):
     if square and n != d:
         raise ValueError(f"{name} must be a square kernel matrix (n_samples, n_samples); got shape {X.shape}.")
     if backend.is_gpu and not is_cupy_array(X):  # the copy to the device is the run's first large allocation
-        check_fits(X.nbytes, backend, f"{name} ({n} x {d} {X.dtype.name}) on the device")
+        check_fits(X.nbytes, backend, f"{name} ({n} x {d} {X.dtype.name}) on the device",
+                   advice="Pass fewer points, or use a device with more free memory.")
     X = backend.asarray(X)
     if X.dtype.kind == "f" and not all_finite(X, backend):
         raise ValueError(f"{name} contains NaN or infinity (missing values such as None or pd.NA count as NaN); "

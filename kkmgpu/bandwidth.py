@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import _offgrid, _validation
-from ._backend import check_fits, resolve_device
+from ._backend import check_fits, memory_advice, resolve_device
 from ._lloyd import DenseKernelOperator, _argsort_stable, initial_labels, lloyd
 
 __all__ = [
@@ -674,7 +674,8 @@ def _check_common(max_iter, tol, max_values):
 
 
 def _alloc_pair(n, dt, backend):
-    check_fits(2 * n * n * dt.itemsize, backend, f"the two {n} x {n} {dt.name} matrices K and K' of the walk")
+    check_fits(2 * n * n * dt.itemsize, backend, f"the two {n} x {n} {dt.name} matrices K and K' of the walk",
+               advice=memory_advice(dtype=dt, method="search"))
     xp = backend.xp
     return xp.empty((n, n), dtype=dt), xp.empty((n, n), dtype=dt)
 
@@ -1211,7 +1212,8 @@ def _evaluate_sigmas(X, k, sigmas, method, *, init, sample_weight, y_true, max_i
             sigmas = sigmas(A, backend)
         rec.timings["validation"] = time.perf_counter() - t_start
         weights = backend.asarray(weights_h)
-        check_fits(n * n * dt.itemsize, backend, f"the {n} x {n} {dt.name} kernel matrix")
+        check_fits(n * n * dt.itemsize, backend, f"the {n} x {n} {dt.name} kernel matrix",
+                   advice=memory_advice(dtype=dt, method="search"))
         K = xp.empty((n, n), dtype=dt)
         try:                                       # keep -D / 2 when it fits: one exp pass per sigma, no GEMM
             check_fits(2 * n * n * dt.itemsize, backend, "D")

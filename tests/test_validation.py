@@ -512,3 +512,53 @@ def test_non_symmetric_callable_kernel_is_rejected_as_a_precomputed_one(X, metho
     precomputed = fit((X @ X.T + 1.0) ** 2, kernel="precomputed", init=np.arange(40) % 3, method=method,
                       dtype="float64", random_state=0)
     np.testing.assert_array_equal(symmetric.labels, precomputed.labels)
+
+
+# --------------------------------------------------------------------------- device environment, memory advice
+
+
+def test_junk_device_environment_variable(X, monkeypatch):
+    monkeypatch.setenv("KKMGPU_DEVICE", "junk")
+    assert fit(X, device="cpu", random_state=0).device == "cpu"  # an explicit device='cpu' never reads it
+    assert kkmgpu.kernel_matrix(X, device="cpu").shape == (40, 40)
+    for device in ("auto", "cuda"):
+        with pytest.raises(ValueError, match=r"environment variable KKMGPU_DEVICE='junk' is not valid.*'auto', "
+                                             r"'cpu', 'cuda' or 'cuda:N'"):
+            fit(X, device=device)
+
+
+@pytest.mark.parametrize("kwargs, advised, not_advised", [
+    (dict(dtype="float32", engine="dense"), ["dtype='float16'", "engine='tiled'", "method='cats'"],
+     ["dtype='float32'"]),
+    (dict(dtype="float64", engine="dense"), ["dtype='float32'", "engine='tiled'", "method='cats'"],
+     ["dtype='float16'"]),
+    (dict(dtype="float32", method="eigen"), ["n_components", "method='cats'"], ["dtype='float", "engine="]),
+    (dict(dtype="float64", method="eigen"), ["dtype='float32'", "n_components", "method='cats'"], ["engine="]),
+    (dict(dtype="float32", method="trimmed"), ["dtype='float16'", "method='cats'"], ["engine=", "float32'"]),
+    (dict(dtype="float32", kernel="precomputed"), ["dtype='float16'"], ["engine=", "method='cats'", "float32'"]),
+], ids=["dense-float32", "dense-float64", "eigen-float32", "eigen-float64", "trimmed", "precomputed"])
+def test_insufficient_memory_advice_fits_the_call(monkeypatch, kwargs, advised, not_advised):
+    """The advice names only what would reduce this call's memory: never the dtype it already has, the tiled
+    engine and CATS where they apply."""
+    X = np.random.default_rng(4).normal(size=(300, 2))
+    if kwargs.get("kernel") == "precomputed":
+        X = X @ X.T                                      # float64: fit makes a float32 copy
+    monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: 100_000)
+    with pytest.raises(kkmgpu.InsufficientMemoryError) as info:
+        fit(X, 2, **kwargs)
+    message = str(info.value)
+    assert "fewer points" in message
+    for text in advised:
+        assert text in message, message
+    for text in not_advised:
+        assert text not in message, message
+
+
+def test_insufficient_memory_advice_of_the_search(monkeypatch):
+    X = np.random.default_rng(4).normal(size=(300, 2))
+    monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: 100_000)
+    for dtype, advised in (("float64", True), ("float32", False)):
+        with pytest.raises(kkmgpu.InsufficientMemoryError, match="K and K'") as info:
+            kkmgpu.search_bandwidth(X, 2, device="cpu", dtype=dtype)
+        assert ("dtype='float32'" in str(info.value)) == advised
+        assert "engine=" not in str(info.value) and "method='cats'" not in str(info.value)
