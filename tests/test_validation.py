@@ -429,7 +429,7 @@ def test_predict_batch_size(X, batch_size, error, method):
 
 
 @pytest.mark.parametrize("method", ["exact", "cats", "eigen"])
-def test_boolean_precomputed_kernel_is_its_0_1_matrix(method):
+def test_boolean_precomputed_kernel_is_its_0_1_matrix(method, device):
     """A boolean K (an adjacency matrix) clusters as the 0/1 float matrix it stands for, as scikit-learn treats
     boolean arrays as numbers."""
     rng = np.random.default_rng(7)
@@ -438,7 +438,7 @@ def test_boolean_precomputed_kernel_is_its_0_1_matrix(method):
     flip = np.triu(rng.uniform(size=(36, 36)) < 0.05, 1)
     K ^= flip | flip.T                                   # symmetric noise
     init = rng.integers(0, 3, 36)
-    kwargs = dict(kernel="precomputed", init=init, method=method, random_state=0)
+    kwargs = dict(kernel="precomputed", init=init, method=method, random_state=0, device=device)
     if method == "eigen":
         kwargs["dtype"] = "float64"
     with warnings.catch_warnings():
@@ -498,19 +498,19 @@ def test_pandas_nullable_columns():
 
 @pytest.mark.parametrize("method, kwargs", [("exact", {}), ("exact", {"engine": "tiled"}), ("cats", {}),
                                             ("eigen", {}), ("trimmed", {})])
-def test_non_symmetric_callable_kernel_is_rejected_as_a_precomputed_one(X, method, kwargs):
+def test_non_symmetric_callable_kernel_is_rejected_as_a_precomputed_one(X, method, kwargs, device):
     def skewed(A, B):
         return A @ (B + 1.0).T                           # k(a, b) = a.b + sum(a) != k(b, a)
 
     with pytest.raises(ValueError, match=r"kernel callable's matrix on 40 rows of X is not a symmetric kernel matrix"):
-        fit(X, kernel=skewed, method=method, **kwargs)
+        fit(X, kernel=skewed, method=method, device=device, **kwargs)
     with pytest.raises(ValueError, match=r"not a symmetric kernel matrix"):
-        fit(skewed(X, X), kernel="precomputed", method=method)
+        fit(skewed(X, X), kernel="precomputed", method=method, device=device)
     # a symmetric callable (with rounding of its own) is accepted and equals its precomputed matrix
     symmetric = fit(X, kernel=lambda A, B: (A @ B.T + 1.0) ** 2, init=np.arange(40) % 3, method=method,
-                    dtype="float64", random_state=0, **kwargs)
+                    dtype="float64", random_state=0, device=device, **kwargs)
     precomputed = fit((X @ X.T + 1.0) ** 2, kernel="precomputed", init=np.arange(40) % 3, method=method,
-                      dtype="float64", random_state=0)
+                      dtype="float64", random_state=0, device=device)
     np.testing.assert_array_equal(symmetric.labels, precomputed.labels)
 
 
