@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from . import _kernels, _validation
-from ._backend import gemm_precision, resolve_device
+from ._backend import gemm_precision, memory_situation, resolve_device
 from . import _cats, _eigen, _sparse, trimming
 from ._lloyd import DenseKernelOperator, run_restarts
 from ._tiled import TiledKernelOperator, choose_engine
@@ -55,7 +55,7 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
     backend = resolve_device(device, (X,) if Y is None else (X, Y))
     if _kernels.canonical_kernel_name(kernel) == "precomputed":
         raise ValueError("kernel='precomputed' makes no sense for kernel_matrix; pass a kernel function.")
-    with backend.activate():
+    with backend.activate(), memory_situation(dtype=dt):
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
                                                    kernel_params=kernel_params), dt, False, center_linear=False)
         ct = _validation.compute_dtype(dt)
@@ -108,7 +108,9 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         "search" (rbf, method="exact"): :func:`kkmgpu.search_bandwidth` with this call's k, init,
         random_state, sample_weight, max_iter, tol, device and dtype picks the clustering of lowest
         c-NNC; the fit then runs at its gamma from its labels, and the search result is in
-        ``result.method_params["bandwidth_search"]`` (n_init is not used: one initial partition).
+        ``result.method_params["bandwidth_search"]`` (n_init is not used: one initial partition). fit's
+        defaults init="k-means++", dtype="float32" differ from search_bandwidth's "random", "float64":
+        pass the same to both to get the same search.
     degree : int, default=3
         Degree of the polynomial kernel.
     coef0 : float, optional
@@ -232,7 +234,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     rng = _validation.make_rng(random_state)
     precomputed = _kernels.canonical_kernel_name(kernel) == "precomputed"
     backend = resolve_device(device, (X,))
-    with backend.activate():
+    with backend.activate(), memory_situation(dtype=dt, method=method, engine=engine, precomputed=precomputed):
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
                                                    kernel_params=kernel_params), dt, precomputed)
         n = X.shape[0]
@@ -245,6 +247,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
                              f"at least k={k} are required.")
         if precomputed:
             X, spec = _scale_precomputed(X, spec, _validation.check_symmetric(X, backend), dt, backend)
+        elif spec.name == "callable":
+            _validation.check_callable_symmetric(X, spec, backend, _validation.compute_dtype(dt))
         cats_params = _validation.check_cats_params(
             method, n_samples_per_cluster=n_samples_per_cluster, window=window, theta=theta, rcond=rcond,
             exact_objective=exact_objective, n=n, k=k, dtype=dt)
@@ -467,16 +471,30 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
         For kernel="precomputed": the kernel between the new and the training points,
         shape (n_new, n_train).
     batch_size : int, optional
-        Rows of X_new per kernel block (default: blocks of about 64 MiB).
+        Rows of X_new per kernel block, an integer >= 1 (default: blocks of about 64 MiB).
 
     Returns
     -------
     labels : ndarray of shape (n_new,), int32
+
+    Raises
+    ------
+    TypeError
+        If ``result`` is not a KernelKMeansResult or ``batch_size`` is not an integer.
+    ValueError
+        If X_new does not match the training data, ``batch_size < 1``, or ``result`` keeps no training
+        features (:func:`kkmgpu.dask.fit` without ``keep_features=True``).
     """
     if not isinstance(result, KernelKMeansResult):
         raise TypeError(f"result must be a KernelKMeansResult from kkmgpu.fit; got {type(result).__name__}.")
-    backend = resolve_device(result.device)
+    if batch_size is not None:
+        batch_size = _validation.check_int(batch_size, "batch_size", minimum=1)
     spec = result._spec
+    if spec.name != "precomputed" and result._train_features is None:
+        raise ValueError("this result keeps no training features, which predict compares new points with: it comes "
+                         "from kkmgpu.dask.fit(..., keep_features=False), the default. Refit with "
+                         "keep_features=True to predict.")
+    backend = resolve_device(result.device)
     dt = _validation.compute_dtype(np.dtype(result.dtype))
     k = result.n_clusters
     with backend.activate():

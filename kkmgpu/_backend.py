@@ -10,6 +10,7 @@ the fused operations through ``backend.ops``, whose CPU twin is numba code
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 import os
@@ -30,6 +31,8 @@ __all__ = [
     "import_cupy",
     "import_cupyx",
     "is_cupy_array",
+    "memory_advice",
+    "memory_situation",
     "resolve_device",
     "work_bytes",
 ]
@@ -191,17 +194,60 @@ def _format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def check_fits(nbytes: int, backend: Backend, what: str) -> None:
-    """Raise :class:`InsufficientMemoryError` unless ``nbytes`` fit the device with headroom."""
+#: What the call that allocates is doing (dtype, method, engine, precomputed), for check_fits's advice.
+_MEMORY_SITUATION = contextvars.ContextVar("kkmgpu_memory_situation", default=None)
+
+
+@contextlib.contextmanager
+def memory_situation(**situation):
+    """Within this context, :func:`check_fits` advises from ``situation`` (the keywords of :func:`memory_advice`):
+    the public entry points set it once, so the allocations deep inside need not know what the call was."""
+    token = _MEMORY_SITUATION.set(situation)
+    try:
+        yield
+    finally:
+        _MEMORY_SITUATION.reset(token)
+
+
+def memory_advice(*, dtype=None, method=None, engine=None, precomputed=False) -> str:
+    """The ways to need less memory that apply to a call with this storage ``dtype``, ``method`` and ``engine``
+    (a sentence ending in a full stop)."""
+    options = []
+    dt = None if dtype is None else np.dtype(dtype)
+    if dt == np.float64:
+        options.append("dtype='float32' (half the memory)")
+    elif dt == np.float32 and method in (None, "exact", "trimmed") and engine != "tiled":
+        options.append("dtype='float16' (half the memory of the kernel matrix, about 3 significant digits)")
+    if method == "exact" and not precomputed and engine != "tiled":
+        options.append("engine='tiled' (no n x n matrix: kernel tiles recomputed from X, O(n d) memory)")
+    if method == "eigen":
+        options.append("n_components well below n_samples / 2 (the top eigenpairs need less workspace than the "
+                       "full decomposition)")
+    if method in ("exact", "eigen", "trimmed") and not precomputed:
+        options.append("method='cats' (sampled centroids, no n x n matrix: O(n k l) memory)")
+    if method == "cats":
+        options.append("a smaller n_samples_per_cluster")
+    options.append("fewer points, or a device with more free memory")
+    return "To need less: " + "; ".join(options) + "."
+
+
+def check_fits(nbytes: int, backend: Backend, what: str, advice: str | None = None) -> None:
+    """Raise :class:`InsufficientMemoryError` unless ``nbytes`` fit the device with headroom.
+
+    The message ends with ``advice``, by default :func:`memory_advice` for the :func:`memory_situation` the
+    allocation happens in.
+    """
     available = backend.available_bytes()
     if available is None:
         return
     budget = int(available * MEMORY_HEADROOM)
     if nbytes > budget:
+        if advice is None:
+            advice = memory_advice(**(_MEMORY_SITUATION.get() or {}))
         raise InsufficientMemoryError(
             f"{what} needs {_format_bytes(nbytes)} ({nbytes} bytes) but device {backend.name} has "
             f"{_format_bytes(available)} ({available} bytes) available; an allocation may use at most "
-            f"{MEMORY_HEADROOM:.0%} of the free memory. Use fewer points, dtype='float32', or another device."
+            f"{MEMORY_HEADROOM:.0%} of the free memory. {advice}"
         )
 
 
@@ -221,7 +267,8 @@ def resolve_device(device="auto", arrays=()) -> Backend:
     ``"auto"`` takes the GPU when CuPy and a device are usable (the device of a CuPy input
     first), else the CPU. ``"cuda"`` / ``"cuda:N"`` raise :class:`DeviceUnavailableError`
     with the reason when no GPU is usable. The environment variable ``KKMGPU_DEVICE=cpu``
-    forces the CPU; any other value of it replaces ``"auto"``.
+    forces the CPU; any other value of it replaces ``"auto"``. An explicit ``"cpu"`` never reads
+    the variable; otherwise a value of it that is not a device is a ValueError.
     """
     if device is None:
         device = "auto"
@@ -229,12 +276,17 @@ def resolve_device(device="auto", arrays=()) -> Backend:
         raise ValueError(
             f"device={device!r} is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N' (N a device ordinal).")
     device = device.strip().lower()
+    if device == "cpu":
+        return Backend("cpu")
 
-    env = os.environ.get(ENV_DEVICE, "").strip().lower()
+    raw = os.environ.get(ENV_DEVICE, "")
+    env = raw.strip().lower()
     if env:
         if not _DEVICE_PATTERN.match(env):
             raise ValueError(
-                f"{ENV_DEVICE}={env!r} is not valid; use 'auto', 'cpu', 'cuda' or 'cuda:N'.")
+                f"the environment variable {ENV_DEVICE}={raw!r} is not valid; set it to 'auto', 'cpu', 'cuda' "
+                f"or 'cuda:N' (N a device ordinal), or unset it (it is read when device={device!r}; "
+                "device='cpu' ignores it).")
         if env == "cpu":
             if device.startswith("cuda"):
                 warnings.warn(f"device={device!r} ignored: {ENV_DEVICE}=cpu forces the CPU.",

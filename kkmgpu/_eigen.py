@@ -177,16 +177,25 @@ class EmbeddingOperator:
     S = A (A^T Y) with Y the weighted one-hot labels: O(n r k) per pass and O(n r) memory; the
     operator interface of :mod:`kkmgpu._lloyd` (``n``, ``weights``, ``backend``, ``diag``,
     ``total_diag``, ``rows``, ``cluster_sums``, ``incremental_cost``).
+
+    Everything is computed from a float64 copy of A (n r values, small beside K). With S in float32 and
+    ||a_i||^2 in float64, the distance of a point to a cluster it ties with (duplicate points, k above the
+    number of distinct points) was float32 noise of either sign that changed with every reassignment: a point
+    moved into an emptied cluster moved back at the next step, the objective (0 up to rounding) alternated
+    between two noise values that no relative-change test can accept, and Lloyd ran all max_iter steps.
+    In float64 the assignment is plain k-means on fixed points, whose objective only decreases.
     """
 
     def __init__(self, A, weights, backend: Backend):
         xp = backend.xp
-        self.A = A
+        if A.dtype != xp.float64:
+            check_fits(A.shape[0] * A.shape[1] * 8, backend, f"the float64 copy of the {A.shape[0]} x {A.shape[1]} "
+                       "embedding")
+        self.A = A.astype(xp.float64, copy=False)
         self.weights = weights
         self.backend = backend
         self.n = A.shape[0]
-        A64 = A.astype(xp.float64, copy=False)
-        self.diag = (A64 * A64).sum(axis=1)            # ||a_i||^2 = (A A^T)_ii
+        self.diag = (self.A * self.A).sum(axis=1)      # ||a_i||^2 = (A A^T)_ii
         self.total_diag = float((weights * self.diag).sum())
 
     def rows(self, index):
@@ -195,7 +204,7 @@ class EmbeddingOperator:
         return self.backend.to_host(B @ self.A.T).astype(np.float64)
 
     def centroid_sums(self, labels, k):
-        """M (k, r): M[c] = sum_{j in c} w_j a_j, in A's precision (one product with the weighted one-hot Y)."""
+        """M (k, r), float64: M[c] = sum_{j in c} w_j a_j (one product with the weighted one-hot Y)."""
         xp = self.backend.xp
         Y = xp.zeros((self.n, k), dtype=self.A.dtype)
         Y[xp.arange(self.n), labels] = self.weights
@@ -205,7 +214,7 @@ class EmbeddingOperator:
         """S = A M^T (n, k), float64: S[i, c] = sum_{j in c} w_j (A A^T)_ij."""
         M = self.centroid_sums(labels, k)
         xp = self.backend.xp
-        return (self.A @ xp.ascontiguousarray(M.T)).astype(xp.float64)
+        return self.A @ xp.ascontiguousarray(M.T)
 
     def incremental_cost(self, n_moved):
         """A full pass is O(n r k) and reads A once: never worth an incremental update."""

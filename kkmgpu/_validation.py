@@ -58,15 +58,36 @@ def check_params(*, method, max_iter, tol, n_init, init, update="auto"):
 
 
 def as_array(X, name="X"):
-    """NumPy or CuPy array from ``X`` (array-likes become NumPy), numeric, not complex."""
+    """NumPy or CuPy array from ``X``, numeric, not complex; what scikit-learn's ``check_array`` accepts.
+
+    Array-likes become NumPy; a numeric object array and a pandas object with nullable columns (``Int64``,
+    ``Float64``, ``boolean``) become float64, their missing values (``None``, ``pd.NA``) NaN, which
+    :func:`check_data` then rejects as non-finite; a boolean array becomes 0/1 float32.
+    """
     if not is_cupy_array(X):
         try:
+            X = _pandas_to_numpy(X)
             X = np.asarray(X)
+            if X.dtype == object:
+                X = X.astype(np.float64)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{name} could not be converted to a numeric array: {exc}") from None
     if X.dtype.kind not in "biuf":
         raise ValueError(f"{name} has dtype {X.dtype}; a real numeric array is required.")
+    if X.dtype.kind == "b":
+        X = X.astype(np.float32)
     return X
+
+
+def _pandas_to_numpy(X):
+    """A pandas DataFrame or Series with extension (nullable) columns as float64 with NaN for pd.NA; anything
+    else unchanged. Pandas is not imported: a pandas object is recognised by its module."""
+    if not type(X).__module__.startswith("pandas") or not hasattr(X, "to_numpy"):
+        return X
+    dtypes = list(X.dtypes) if hasattr(X, "columns") else [X.dtype]
+    if all(isinstance(dt, np.dtype) for dt in dtypes):
+        return X
+    return X.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
 def check_data(X, backend: Backend, *, name="X", square=False):
@@ -88,10 +109,12 @@ def check_data(X, backend: Backend, *, name="X", square=False):
     if square and n != d:
         raise ValueError(f"{name} must be a square kernel matrix (n_samples, n_samples); got shape {X.shape}.")
     if backend.is_gpu and not is_cupy_array(X):  # the copy to the device is the run's first large allocation
-        check_fits(X.nbytes, backend, f"{name} ({n} x {d} {X.dtype.name}) on the device")
+        check_fits(X.nbytes, backend, f"{name} ({n} x {d} {X.dtype.name}) on the device",
+                   advice="Pass fewer points, or use a device with more free memory.")
     X = backend.asarray(X)
     if X.dtype.kind == "f" and not all_finite(X, backend):
-        raise ValueError(f"{name} contains NaN or infinity; every value must be finite.")
+        raise ValueError(f"{name} contains NaN or infinity (missing values such as None or pd.NA count as NaN); "
+                         "every value must be finite.")
     return X
 
 
@@ -165,6 +188,25 @@ def check_symmetric(K, backend: Backend, rtol=None, block=None, name="X"):
             raise ValueError(f"{name} is not a symmetric kernel matrix (max |K - K.T| = {diff:.3g} > "
                              f"{rtol:g} * max|K|); kernel k-means needs a symmetric kernel.")
     return max_abs
+
+
+#: Rows of X on which a callable kernel's symmetry is checked (evenly spaced: no random draws).
+CALLABLE_SYMMETRY_ROWS = 256
+
+
+def check_callable_symmetric(X, spec, backend: Backend, dtype, n_rows=CALLABLE_SYMMETRY_ROWS):
+    """Raise ValueError unless a callable kernel gives a symmetric matrix on up to ``n_rows`` evenly spaced rows
+    of X (in the compute ``dtype``), with :func:`check_symmetric`'s tolerance: a precomputed K and a callable's
+    K are held to the same rule, at O(n_rows^2 d) cost and without the n x n matrix (CATS and the tiled engine
+    never form it)."""
+    from . import _kernels
+
+    n = X.shape[0]
+    m = min(n, n_rows)
+    rows = backend.asarray(np.unique(np.linspace(0, n - 1, m).round().astype(np.int64)))
+    A = _kernels.prepare_features(X[rows], spec, backend, dtype)
+    block = _kernels.kernel_block(A, A, spec, backend)
+    check_symmetric(block, backend, name=f"the kernel callable's matrix on {int(rows.shape[0])} rows of X")
 
 
 def check_k(k, n):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import _offgrid, _validation
-from ._backend import check_fits, resolve_device
+from ._backend import check_fits, memory_advice, resolve_device
 from ._lloyd import DenseKernelOperator, _argsort_stable, initial_labels, lloyd
 
 __all__ = [
@@ -674,7 +674,8 @@ def _check_common(max_iter, tol, max_values):
 
 
 def _alloc_pair(n, dt, backend):
-    check_fits(2 * n * n * dt.itemsize, backend, f"the two {n} x {n} {dt.name} matrices K and K' of the walk")
+    check_fits(2 * n * n * dt.itemsize, backend, f"the two {n} x {n} {dt.name} matrices K and K' of the walk",
+               advice=memory_advice(dtype=dt, method="search"))
     xp = backend.xp
     return xp.empty((n, n), dtype=dt), xp.empty((n, n), dtype=dt)
 
@@ -1071,6 +1072,19 @@ def search_bandwidth(X, k, *, sigma0="percentile", depth=1, refine_depth=2, max_
     InsufficientMemoryError
         If K and K' do not fit the device.
 
+    Notes
+    -----
+    ``kkmgpu.fit(X, k, gamma="search")`` (and ``KernelKMeans(gamma="search")``, ``kkmgpu fit --gamma search``)
+    runs this search with the fit's ``init``, ``dtype``, ``random_state``, ``sample_weight``, ``max_iter``,
+    ``tol`` and ``device``, and every other parameter at its default here. The fit's defaults are
+    ``init="k-means++"`` and ``dtype="float32"``, where this function defaults to the paper's random partition
+    and float64: the initial partition decides which clusterings the walk meets, and the precision decides
+    where it stops (K all ones to precision). ``search_bandwidth(X, k, init="k-means++", dtype="float32",
+    random_state=s)`` is exactly the search of ``fit(X, k, gamma="search", random_state=s)``: the same
+    clusterings, the same best sigma and labels; ``fit(..., gamma="search", init="random", dtype="float64")``
+    is this function's default search. ``random_state`` is consumed the same way by both (the percentile
+    sample above 4 million pairs, then the initial partition).
+
     Examples
     --------
     >>> import kkmgpu
@@ -1198,7 +1212,8 @@ def _evaluate_sigmas(X, k, sigmas, method, *, init, sample_weight, y_true, max_i
             sigmas = sigmas(A, backend)
         rec.timings["validation"] = time.perf_counter() - t_start
         weights = backend.asarray(weights_h)
-        check_fits(n * n * dt.itemsize, backend, f"the {n} x {n} {dt.name} kernel matrix")
+        check_fits(n * n * dt.itemsize, backend, f"the {n} x {n} {dt.name} kernel matrix",
+                   advice=memory_advice(dtype=dt, method="search"))
         K = xp.empty((n, n), dtype=dt)
         try:                                       # keep -D / 2 when it fits: one exp pass per sigma, no GEMM
             check_fits(2 * n * n * dt.itemsize, backend, "D")
@@ -1499,9 +1514,11 @@ def fit_with_search(X, k, *, fit_kwargs):
     """:func:`kkmgpu.fit` with ``gamma="search"``: the best clustering of :func:`search_bandwidth`, refit.
 
     The search runs with the call's k, init, random_state, sample_weight, max_iter, tol, device and dtype
-    (float16 searches in float32); kernel k-means is then fit at the best gamma = 1 / sigma from the best
-    clustering's labels (a fixed point there, so normally one step), giving a normal result that predict
-    accepts. The search result is in ``result.method_params["bandwidth_search"]``.
+    (float16 searches in float32), so ``search_bandwidth`` called with the same values (fit's defaults are
+    init="k-means++" and dtype="float32", not the search's "random" and "float64") finds the same clusterings;
+    kernel k-means is then fit at the best gamma = 1 / sigma from the best clustering's labels (a fixed point
+    there, so normally one step), giving a normal result that predict accepts. The search result is in
+    ``result.method_params["bandwidth_search"]``.
     """
     from ._api import fit
     from ._kernels import canonical_kernel_name

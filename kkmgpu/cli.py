@@ -50,7 +50,8 @@ def main(argv=None):
     -------
     int
         The exit status: 0 on success, 2 on a usage error or an error the library reports
-        (printed to stderr as ``kkmgpu: error: <message>``).
+        (printed to stderr as ``kkmgpu: error: <message>``), 130 when interrupted (Ctrl-C; one line on
+        stderr, no traceback).
 
     Examples
     --------
@@ -68,6 +69,9 @@ def main(argv=None):
     except USER_ERRORS as exc:
         print(f"kkmgpu: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"kkmgpu: interrupted ({args.command} stopped)", file=sys.stderr)
+        return 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
 def _build_parser():
@@ -102,8 +106,10 @@ def _build_parser():
                      help="number of clusters")
     fit.add_argument("--kernel", choices=KERNELS, default="rbf", help="kernel function (default: rbf)")
     fit.add_argument("--gamma", type=float_or_scale, default=None, metavar="G",
-                     help='kernel width/scale, a float > 0, "scale", or "search" (rbf: the Off-the-grid bandwidth '
-                          'search picks it; default: the kernel\'s default)')
+                     help='kernel width/scale: a float > 0, "scale" (1 / (n_features * X.var()), the default of rbf '
+                          'and laplacian), "auto" (1 / n_features, the default of polynomial and sigmoid), or '
+                          '"search" (rbf: the Off-the-grid bandwidth search picks it, from the same --init, '
+                          '--dtype and --seed as the fit). Default: the kernel\'s default')
     fit.add_argument("--degree", type=int, default=3, metavar="D", help="polynomial degree (default: 3)")
     fit.add_argument("--coef0", type=float, default=None, metavar="C",
                      help="polynomial/sigmoid offset (default: 1)")
@@ -119,15 +125,16 @@ def _build_parser():
     fit.add_argument("--seed", type=int, default=None, metavar="S",
                      help="random seed, for reproducible labels (default: unseeded)")
     fit.add_argument("--method", choices=("exact", "cats", "trimmed", "eigen"), default="exact",
-                     help="exact (dense kernel matrix), cats (sampled centroids, no n x n matrix) or trimmed "
-                          "(kernel matrix trimmed by cluster-size voting, sparse iterations)")
+                     help="exact (dense kernel matrix), cats (sampled centroids, no n x n matrix), trimmed "
+                          "(kernel matrix trimmed by cluster-size voting, sparse iterations) or eigen (k-means on "
+                          "the eigendecomposition of K)")
     fit.add_argument("--n-components", type=int, default=None, metavar="R",
                      help="eigen: the top R eigenpairs of K (default: all up to n=4096, else max(128, 8 K))")
     fit.add_argument("--samples-per-cluster", type=int, default=None, metavar="L",
                      help="cats: points sampled per cluster and iteration (default: ceil(sqrt(n / k)))")
     fit.add_argument("--labels-last-column", action="store_true",
-                     help="the last column holds true labels (as in ../shared/data): cluster the other "
-                          "columns and report NMI and ARI against it")
+                     help="the last column holds true labels: cluster the other columns and report NMI and ARI "
+                          "against it")
     fit.add_argument("--standardize", action="store_true",
                      help="scale every feature to zero mean and unit variance first")
     fit.add_argument("--verbose", action="store_true", help="report progress per iteration")
@@ -155,9 +162,17 @@ def _add_device_argument(parser):
                         help="where to compute (default: auto, a usable GPU else the CPU)")
 
 
+GAMMA_WORDS = ("scale", "auto", "search")
+
+
 def float_or_scale(text):
-    """Parse --gamma: a float, or the word "scale" or "search"."""
-    return text if text in ("scale", "search") else float(text)
+    """Parse --gamma: a float, or one of the words "scale", "auto" and "search" (as :func:`kkmgpu.fit` takes)."""
+    if text in GAMMA_WORDS:
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number, 'scale', 'auto' or 'search'") from None
 
 
 def int_or_auto(text):
@@ -165,7 +180,21 @@ def int_or_auto(text):
     return text if text == "auto" else int(text)
 
 
+def _check_output_path(path):
+    """Fail before the fit, not after it, when the labels could not be written to ``path``."""
+    if path.is_dir():
+        raise IsADirectoryError(f"-o {path}: is a folder; give the path of a file for the labels.")
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"-o {path}: the folder {folder} does not exist; create it first (checked "
+                                "before fitting).")
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"-o {path}: the folder {folder} is not writable (checked before fitting).")
+
+
 def _run_fit(args):
+    if args.output is not None:
+        _check_output_path(args.output)
     X = datasets.load_array(args.data)
     y_true = None
     if args.labels_last_column:
@@ -212,10 +241,7 @@ def _run_fit(args):
                                 f"{result.method_params['bandwidth_search'].best.cnnc:.4f}), "
                                 f"{result.timings['bandwidth_search']:.3f} s")]
           if "bandwidth_search" in result.method_params else []),
-        ("n_iter", str(result.n_iter)),
-        ("converged", str(result.converged)),
-        ("seconds", f"{result.timings['total']:.3f} (kernel build {result.timings['kernel_build']:.3f}, "
-                    f"iterations {result.timings['iterations']:.3f})"),
+        *_iterations_and_seconds(result),
         ("cluster sizes", " ".join(str(size) for size in np.bincount(labels, minlength=args.k))),
     ]
     if y_true is not None:
@@ -227,6 +253,25 @@ def _run_fit(args):
     for name, value in summary:
         print(f"{name:<{width}}  {value}")
     return 0
+
+
+def _iterations_and_seconds(result):
+    """The summary's n_iter, converged and seconds rows; after a bandwidth search, the search's runs beside the
+    final fit (which starts from the search's best clustering, a fixed point, so usually stops after one step)."""
+    timings = result.timings
+    search = result.method_params.get("bandwidth_search")
+    if search is None:
+        return [("n_iter", str(result.n_iter)), ("converged", str(result.converged)),
+                ("seconds", f"{timings['total']:.3f} (kernel build {timings['kernel_build']:.3f}, "
+                            f"iterations {timings['iterations']:.3f})")]
+    return [
+        ("n_iter", f"{search.costs['kernel_kmeans_iterations']} in the search's "
+                   f"{search.costs['kernel_kmeans_runs']} kernel k-means runs, then {result.n_iter} in the final "
+                   f"fit at sigma={_format_number(result.method_params['sigma'])}"),
+        ("converged", str(result.converged)),
+        ("seconds", f"{timings['total']:.3f} (bandwidth search {timings['bandwidth_search']:.3f}; final fit: "
+                    f"kernel build {timings['kernel_build']:.3f}, iterations {timings['iterations']:.3f})"),
+    ]
 
 
 def _run_demo(args):

@@ -91,6 +91,13 @@ def _make_block(A, weights, spec, r0, r1, device, tile_rows, tf32):
     return _Block(A, weights, spec, r0, r1, device, tile_rows, tf32)
 
 
+def _block_check_symmetric(block, spec):
+    """A callable kernel's symmetry on rows of the block's features (raises ValueError on the worker, re-raised
+    by the client)."""
+    with block.backend.activate():
+        _validation.check_callable_symmetric(block.A, spec, block.backend, np.dtype(block.A.dtype))
+
+
 def _block_info(block):
     """(backend name, K_ii of the block's rows as host float64, sum_i w_i K_ii over them)."""
     op = block.operator
@@ -512,6 +519,9 @@ random_state, verbose, update, tf32
                                     tile_rows, tf32, workers=[address], allow_other_workers=False, pure=False))
     del A_f  # the host copy of the features is released once its block holds them (on a GPU: on the device)
     cluster = _Cluster(client, blocks, addresses, bounds)
+    if spec.name == "callable":  # as kkmgpu.fit: a callable kernel must be symmetric, as a precomputed K is
+        client.submit(_block_check_symmetric, blocks[0], spec, workers=[addresses[0]], allow_other_workers=False,
+                      pure=False).result()
     info = cluster.gather(cluster.map(_block_info))
     device_name = info[0][0]
     diag_h = np.concatenate([i[1] for i in info])

@@ -453,6 +453,43 @@ def test_fit_with_gamma_search(device):
         kkmgpu.fit(X, 2, gamma="search", method="cats", device=device)
 
 
+@pytest.mark.parametrize("fit_options, search_options", [
+    ({}, {"init": "k-means++", "dtype": "float32"}),                 # fit's defaults
+    ({"init": "random", "dtype": "float64"}, {}),                    # search_bandwidth's defaults
+])
+def test_one_search_one_answer(device, tmp_path, capsys, fit_options, search_options):
+    """fit(gamma="search"), search_bandwidth, the estimator and the CLI run one search: the same clusterings,
+    the same best sigma, the same labels, for the same data, seed, init and dtype (their defaults for init and
+    dtype differ, as the docs say)."""
+    from kkmgpu.cli import main
+
+    rng = np.random.default_rng(4)
+    X = np.vstack([rng.normal(size=(40, 2)) * s + c for s, c in ((1.0, (0, 0)), (2.0, (9, 0)), (0.5, (0, 7)))])
+    k = 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
+        search = kkmgpu.search_bandwidth(X, k, random_state=0, device=device, **search_options)
+        result = kkmgpu.fit(X, k, gamma="search", random_state=0, device=device, **fit_options)
+        from_generator = kkmgpu.fit(X, k, gamma="search", random_state=np.random.default_rng(0), device=device,
+                                    **fit_options)
+        model = kkmgpu.KernelKMeans(k, gamma="search", random_state=0, device=device, **fit_options).fit(X)
+    for run in (result, from_generator):
+        in_fit = run.method_params["bandwidth_search"]
+        assert in_fit.dtype == search.dtype
+        np.testing.assert_array_equal(in_fit.initial_labels, search.initial_labels)
+        assert [c.sigma for c in in_fit.clusterings] == [c.sigma for c in search.clusterings]
+        assert in_fit.best_index == search.best_index
+        assert run.method_params["sigma"] == search.best.sigma
+        np.testing.assert_array_equal(host(run.labels), search.best.labels)
+    np.testing.assert_array_equal(model.labels_, search.best.labels)
+    np.save(tmp_path / "x.npy", X)
+    options = [f"--{name}={value}" for name, value in fit_options.items()]
+    assert main(["fit", str(tmp_path / "x.npy"), "-k", str(k), "--gamma", "search", "--seed", "0", "--device",
+                 device, "-o", str(tmp_path / "labels.csv"), *options]) == 0
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "labels.csv", dtype=np.int64), search.best.labels)
+    assert f"sigma={search.best.sigma:.6g}" in capsys.readouterr().out
+
+
 # --- baselines and the polynomial degree -------------------------------------------------------------------------
 
 def test_grid_and_mknn_baselines(device):

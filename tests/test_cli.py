@@ -207,3 +207,84 @@ def test_fit_labels_last_column_needs_two_columns(tmp_path, capsys):
     np.savetxt(path, np.arange(10.0)[:, None], delimiter=",")
     assert main(["fit", str(path), "-k", "2", "--labels-last-column", "--device", "cpu"]) == 2
     assert "at least 2 columns" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["fit", "{data}", "-k", "2", "--device", "cpu"], ["demo", "--quick"]])
+def test_ctrl_c_is_one_line_and_status_130(blobs_csv, capsys, monkeypatch, command):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kkmgpu, "fit", interrupted)
+    assert main([part.format(data=blobs_csv) for part in command]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("kkmgpu: interrupted") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_ctrl_c_in_a_process_exits_130(tmp_path):
+    """SIGINT to a real ``python -m kkmgpu fit`` (held in a fit that waits): exit status 130, one stderr line."""
+    import signal
+    import time
+
+    package_parent = str(Path(kkmgpu.__file__).resolve().parents[1])
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(20, 2)))
+    code = ("import sys, time, kkmgpu, kkmgpu.cli\n"
+            "def slow(*a, **k):\n    print('fitting', flush=True)\n    time.sleep(60)\n"
+            "kkmgpu.fit = slow\nsys.exit(kkmgpu.cli.main(sys.argv[1:]))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen([sys.executable, "-c", code, "fit", str(tmp_path / "x.npy"), "-k", "2", "--device",
+                                "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout.readline() == "fitting\n"
+        time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130
+    assert err == "kkmgpu: interrupted (fit stopped)\n"
+
+
+@pytest.mark.parametrize("word, expected", [("auto", 0.5), ("scale", None)])
+def test_gamma_words(blobs_csv, capsys, word, expected):
+    """--gamma takes the words kkmgpu.fit takes: "auto" is 1 / n_features (2 features here)."""
+    X = np.loadtxt(blobs_csv, delimiter=",", skiprows=1)
+    expected = expected or 1.0 / (X.shape[1] * X.var())
+    assert main(["fit", str(blobs_csv), "-k", "3", "--kernel", "rbf", "--gamma", word, "--device", "cpu",
+                 "--seed", "0"]) == 0
+    gamma = float(re.search(r"^kernel\s+rbf \(gamma=([0-9.e+-]+)\)$", capsys.readouterr().out, re.MULTILINE)[1])
+    assert gamma == pytest.approx(expected, rel=1e-5)
+
+
+def test_gamma_not_a_number_names_the_words(blobs_csv, capsys):
+    assert main(["fit", str(blobs_csv), "-k", "2", "--gamma", "wide"]) == 2
+    assert "'wide' is not a number, 'scale', 'auto' or 'search'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["missing folder", "a folder"])
+def test_output_path_is_checked_before_fitting(blobs_csv, tmp_path, capsys, monkeypatch, where):
+    def never(*args, **kwargs):
+        raise AssertionError("fit ran before the output path was checked")
+
+    monkeypatch.setattr(kkmgpu, "fit", never)
+    output = tmp_path / "nowhere" / "labels.csv" if where == "missing folder" else tmp_path
+    assert main(["fit", str(blobs_csv), "-k", "2", "--device", "cpu", "-o", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kkmgpu: error: -o ") and str(output) in err and err.count("\n") == 1
+    assert ("does not exist" if where == "missing folder" else "is a folder") in err
+
+
+def test_summary_after_a_search_says_what_ran(tmp_path, capsys):
+    X, _ = kkmgpu.datasets.make_two_circles(80, factor=0.3, random_state=0)
+    np.save(tmp_path / "x.npy", X)
+    assert main(["fit", str(tmp_path / "x.npy"), "-k", "2", "--gamma", "search", "--device", "cpu", "--seed", "0",
+                 "--dtype", "float64"]) == 0
+    out = capsys.readouterr().out
+    result = kkmgpu.fit(X, 2, gamma="search", device="cpu", random_state=0, dtype="float64")
+    costs = result.method_params["bandwidth_search"].costs
+    assert re.search(rf"^n_iter\s+{costs['kernel_kmeans_iterations']} in the search's {costs['kernel_kmeans_runs']} "
+                     rf"kernel k-means runs, then {result.n_iter} in the final fit at "
+                     rf"sigma={result.method_params['sigma']:.6g}$", out, re.MULTILINE), out
+    assert costs["kernel_kmeans_iterations"] > costs["kernel_kmeans_runs"] > 1
+    assert re.search(r"^seconds\s+[0-9.]+ \(bandwidth search [0-9.]+; final fit: kernel build [0-9.]+, "
+                     r"iterations [0-9.]+\)$", out, re.MULTILINE), out

@@ -112,6 +112,21 @@ def test_keep_features_allows_predict(client):
     np.testing.assert_array_equal(kkmgpu.predict(dist, X_new), kkmgpu.predict(single, X_new))
 
 
+@pytest.mark.parametrize("method", ["exact", "cats"])
+def test_predict_without_kept_features_is_a_clear_error(client, method):
+    X, _ = _blobs(5, n=120)
+    dist = kkmgpu.dask.fit(da.from_array(X, chunks=60), 3, gamma=0.1, device="cpu", method=method, random_state=0,
+                           client=client)
+    with pytest.raises(ValueError, match=r"kkmgpu.dask.fit.*keep_features=True"):
+        kkmgpu.predict(dist, X[:5])
+
+
+def test_non_symmetric_callable_is_rejected(client):
+    X = da.from_array(np.random.default_rng(6).normal(size=(40, 3)), chunks=20)
+    with pytest.raises(ValueError, match=r"kernel callable.*not a symmetric kernel matrix"):
+        kkmgpu.dask.fit(X, 2, kernel=lambda A, B: A @ (B + 1.0).T, device="cpu", client=client)
+
+
 @pytest.mark.parametrize("X,kwargs,error,match", [
     (np.zeros((10, 2)), {}, TypeError, r"must be a dask.array.Array"),
     (None, dict(kernel="precomputed"), ValueError, r"kernel='precomputed' is not supported"),

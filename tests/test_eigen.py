@@ -234,3 +234,27 @@ def test_parameter_checks(kwargs, error, match):
     X, _ = blobs(100, 2, 2, seed=0)
     with pytest.raises(error, match=match):
         kkmgpu.fit(X, 2, device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize("kernel, k, init", [("rbf", 10, "k-means++"), ("linear", 8, "k-means++"),
+                                             ("linear", 10, "random"), ("rbf", 6, "random")])
+def test_duplicate_points_converge(device, kernel, k, init):
+    """k above the number of distinct points: Lloyd stops after a few steps with the objective of its labels
+    on K (float32 cluster sums made tied points flip between clusters and ran all max_iter steps with an
+    objective alternating between two rounding-noise values); from k-means++ seeds every cluster holds copies
+    of one point and the objective is 0 up to rounding."""
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(5), 40)
+    X = rng.normal(size=(5, 4))[groups]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Number of distinct clusters (5) found smaller than n_clusters"
+        result = kkmgpu.fit(X, k, method="eigen", kernel=kernel, init=init, device=device, random_state=0)
+    assert result.converged and result.n_iter <= 10, (result.n_iter, result.stop_reason)
+    labels = np.asarray(result.labels)
+    K = kernel_matrix(X, kernel=kernel, params=dict(result.kernel_params))
+    reference, scale = kernel_kmeans_objective(K, labels), np.trace(K)
+    assert result.objective == pytest.approx(reference, abs=1e-6 * scale)
+    assert result.exact_objective == pytest.approx(reference, abs=1e-6 * scale)
+    if init == "k-means++":
+        assert all(np.unique(groups[labels == c]).size == 1 for c in range(k))  # a refinement of the groups
+        assert abs(reference) <= 1e-9 * scale

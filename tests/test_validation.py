@@ -1,6 +1,7 @@
 """Bad arguments fail at the boundary with an exception whose message names the value."""
 
 import contextlib
+import warnings
 
 import numpy as np
 import pytest
@@ -411,3 +412,153 @@ def test_predict_precomputed_wrong_width():
 def test_unknown_update_mode(X):
     with pytest.raises(ValueError, match=r"update='sometimes'.*auto.*full.*incremental"):
         fit(X, update="sometimes")
+
+
+@pytest.mark.parametrize("batch_size, error", [(-1, ValueError), (0, ValueError), (2.5, TypeError),
+                                               ("10", TypeError), (True, TypeError)])
+@pytest.mark.parametrize("method", ["exact", "cats", "eigen"])
+def test_predict_batch_size(X, batch_size, error, method):
+    result = fit(X, random_state=0, method=method)
+    with pytest.raises(error, match=rf"batch_size={batch_size!r}.*(integer|>= 1)"):
+        kkmgpu.predict(result, X[:5], batch_size=batch_size)
+    # a valid batch size changes nothing (3 rows per block on 40 points: 14 blocks)
+    np.testing.assert_array_equal(kkmgpu.predict(result, X, batch_size=np.int64(3)), kkmgpu.predict(result, X))
+
+
+# --------------------------------------------------------------------------- input types
+
+
+@pytest.mark.parametrize("method", ["exact", "cats", "eigen"])
+def test_boolean_precomputed_kernel_is_its_0_1_matrix(method, device):
+    """A boolean K (an adjacency matrix) clusters as the 0/1 float matrix it stands for, as scikit-learn treats
+    boolean arrays as numbers."""
+    rng = np.random.default_rng(7)
+    groups = np.repeat([0, 1, 2], 12)
+    K = (groups[:, None] == groups[None, :]) | np.eye(36, dtype=bool)
+    flip = np.triu(rng.uniform(size=(36, 36)) < 0.05, 1)
+    K ^= flip | flip.T                                   # symmetric noise
+    init = rng.integers(0, 3, 36)
+    kwargs = dict(kernel="precomputed", init=init, method=method, random_state=0, device=device)
+    if method == "eigen":
+        kwargs["dtype"] = "float64"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # eigen: such a K is not PSD (its negative eigenvalues)
+        result = fit(K, 3, **kwargs)
+        expected = fit(K.astype(np.float64), 3, **kwargs)
+    np.testing.assert_array_equal(result.labels, expected.labels)
+    assert result.objective == pytest.approx(expected.objective, rel=1e-6)
+    np.testing.assert_array_equal(kkmgpu.predict(result, K[:6]), kkmgpu.predict(expected, K[:6].astype(float)))
+
+
+def test_boolean_features_are_0_1():
+    X = np.random.default_rng(8).uniform(size=(30, 4)) < 0.5
+    result = fit(X, 2, kernel="linear", random_state=0)
+    expected = fit(X.astype(np.float32), 2, kernel="linear", random_state=0)
+    np.testing.assert_array_equal(result.labels, expected.labels)
+    np.testing.assert_array_equal(kkmgpu.predict(result, X[:5]), expected.labels[:5])
+
+
+def test_numeric_object_array_is_converted(X):
+    as_objects = X.astype(object)
+    as_objects[0, 0] = int(3)                            # mixed Python numbers, as scikit-learn accepts
+    X = X.copy()
+    X[0, 0] = 3.0
+    np.testing.assert_array_equal(fit(as_objects, random_state=0).labels, fit(X, random_state=0).labels)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (None, r"NaN or infinity.*None or pd.NA"),           # None -> NaN, then the non-finite error
+    ("abc", r"could not be converted to a numeric array.*'abc'"),
+    (1 + 2j, r"could not be converted to a numeric array.*complex"),
+], ids=["None", "string", "complex"])
+def test_object_array_with_non_numbers(X, bad, match):
+    X = X.astype(object)
+    X[3, 2] = bad
+    with pytest.raises(ValueError, match=match):
+        fit(X)
+
+
+def test_pandas_nullable_columns():
+    pd = pytest.importorskip("pandas")
+    X = np.random.default_rng(9).normal(size=(40, 2))
+    frame = pd.DataFrame({"a": pd.array(X[:, 0], dtype="Float64"), "b": pd.array(X[:, 1] > 0, dtype="boolean")})
+    expected = np.column_stack([X[:, 0], X[:, 1] > 0]).astype(np.float64)
+    np.testing.assert_array_equal(fit(frame, 2, random_state=0).labels, fit(expected, 2, random_state=0).labels)
+    frame.loc[5, "a"] = pd.NA
+    with pytest.raises(ValueError, match=r"X contains NaN or infinity.*pd.NA"):
+        fit(frame, 2)
+    with pytest.raises(ValueError, match=r"X_new contains NaN or infinity.*pd.NA"):
+        kkmgpu.predict(fit(expected, 2, random_state=0), frame)
+    with pytest.raises(ValueError, match=r"could not be converted to a numeric array.*NAType"):
+        fit(pd.DataFrame({"a": pd.Series([1.0, pd.NA, 3.0], dtype=object)}), 2)
+
+
+# --------------------------------------------------------------------------- callable kernels
+
+
+@pytest.mark.parametrize("method, kwargs", [("exact", {}), ("exact", {"engine": "tiled"}), ("cats", {}),
+                                            ("eigen", {}), ("trimmed", {})])
+def test_non_symmetric_callable_kernel_is_rejected_as_a_precomputed_one(X, method, kwargs, device):
+    def skewed(A, B):
+        return A @ (B + 1.0).T                           # k(a, b) = a.b + sum(a) != k(b, a)
+
+    with pytest.raises(ValueError, match=r"kernel callable's matrix on 40 rows of X is not a symmetric kernel matrix"):
+        fit(X, kernel=skewed, method=method, device=device, **kwargs)
+    with pytest.raises(ValueError, match=r"not a symmetric kernel matrix"):
+        fit(skewed(X, X), kernel="precomputed", method=method, device=device)
+    # a symmetric callable (with rounding of its own) is accepted and equals its precomputed matrix
+    symmetric = fit(X, kernel=lambda A, B: (A @ B.T + 1.0) ** 2, init=np.arange(40) % 3, method=method,
+                    dtype="float64", random_state=0, device=device, **kwargs)
+    precomputed = fit((X @ X.T + 1.0) ** 2, kernel="precomputed", init=np.arange(40) % 3, method=method,
+                      dtype="float64", random_state=0, device=device)
+    np.testing.assert_array_equal(symmetric.labels, precomputed.labels)
+
+
+# --------------------------------------------------------------------------- device environment, memory advice
+
+
+def test_junk_device_environment_variable(X, monkeypatch):
+    monkeypatch.setenv("KKMGPU_DEVICE", "junk")
+    assert fit(X, device="cpu", random_state=0).device == "cpu"  # an explicit device='cpu' never reads it
+    assert kkmgpu.kernel_matrix(X, device="cpu").shape == (40, 40)
+    for device in ("auto", "cuda"):
+        with pytest.raises(ValueError, match=r"environment variable KKMGPU_DEVICE='junk' is not valid.*'auto', "
+                                             r"'cpu', 'cuda' or 'cuda:N'"):
+            fit(X, device=device)
+
+
+@pytest.mark.parametrize("kwargs, advised, not_advised", [
+    (dict(dtype="float32", engine="dense"), ["dtype='float16'", "engine='tiled'", "method='cats'"],
+     ["dtype='float32'"]),
+    (dict(dtype="float64", engine="dense"), ["dtype='float32'", "engine='tiled'", "method='cats'"],
+     ["dtype='float16'"]),
+    (dict(dtype="float32", method="eigen"), ["n_components", "method='cats'"], ["dtype='float", "engine="]),
+    (dict(dtype="float64", method="eigen"), ["dtype='float32'", "n_components", "method='cats'"], ["engine="]),
+    (dict(dtype="float32", method="trimmed"), ["dtype='float16'", "method='cats'"], ["engine=", "float32'"]),
+    (dict(dtype="float32", kernel="precomputed"), ["dtype='float16'"], ["engine=", "method='cats'", "float32'"]),
+], ids=["dense-float32", "dense-float64", "eigen-float32", "eigen-float64", "trimmed", "precomputed"])
+def test_insufficient_memory_advice_fits_the_call(monkeypatch, kwargs, advised, not_advised):
+    """The advice names only what would reduce this call's memory: never the dtype it already has, the tiled
+    engine and CATS where they apply."""
+    X = np.random.default_rng(4).normal(size=(300, 2))
+    if kwargs.get("kernel") == "precomputed":
+        X = X @ X.T                                      # float64: fit makes a float32 copy
+    monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: 100_000)
+    with pytest.raises(kkmgpu.InsufficientMemoryError) as info:
+        fit(X, 2, **kwargs)
+    message = str(info.value)
+    assert "fewer points" in message
+    for text in advised:
+        assert text in message, message
+    for text in not_advised:
+        assert text not in message, message
+
+
+def test_insufficient_memory_advice_of_the_search(monkeypatch):
+    X = np.random.default_rng(4).normal(size=(300, 2))
+    monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: 100_000)
+    for dtype, advised in (("float64", True), ("float32", False)):
+        with pytest.raises(kkmgpu.InsufficientMemoryError, match="K and K'") as info:
+            kkmgpu.search_bandwidth(X, 2, device="cpu", dtype=dtype)
+        assert ("dtype='float32'" in str(info.value)) == advised
+        assert "engine=" not in str(info.value) and "method='cats'" not in str(info.value)
