@@ -1,6 +1,9 @@
 """CATS benchmarks: CATS against exact kernel k-means from the same initial partitions, and CATS's scaling in n.
 
-A script, not a pytest module (``pytest bench/`` collects nothing here). From the repository root::
+Mostly a script; one pytest-benchmark case, ``test_coefficient_solve`` (the solve of alpha_c = M_c^+ rhs_c of one
+iteration by the two GPU routes: per-cluster eigh against one batched regularized solve), runs with
+``python -m pytest bench/bench_cats.py --benchmark-only`` (cpu, and cuda where a GPU is usable; restrict with
+$KKMGPU_BENCH_DEVICES). The subcommands, from the repository root::
 
     python bench/bench_cats.py quality     # shape sets + MNIST sample: distortion ratio and NMI(CATS, exact)
     python bench/bench_cats.py lsweep      # the paper's l sweep, l = 8, 16, 33, 66, on an MNIST sample
@@ -70,6 +73,61 @@ def env_int(name, default):
 def env_list(name, default):
     value = os.environ.get(name, "").strip()
     return [item.strip() for item in value.split(",") if item.strip()] if value else default
+
+
+# ------------------------------------------------------------------------------------------ pytest-benchmark
+
+#: sizes l of M_c for test_coefficient_solve (the larger ones on a GPU only: the CPU takes seconds per call)
+SOLVE_SIZES = (48, 128, 384, 1024)
+SOLVE_CPU_MAX = 128
+SOLVE_CLUSTERS = 10
+
+
+def rbf_sample_squares(k, l, seed=0, d=16):
+    """k RBF kernel matrices of l points each (gamma = 1 / (2 d), points standard normal in d dimensions), float64,
+    and right-hand sides M_c 1 / l (what L_c w_c / n_c is when the cluster's centroid is the samples' mean)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(k, l, d))
+    sq = (X * X).sum(axis=2)
+    dist = np.maximum(sq[:, :, None] + sq[:, None, :] - 2.0 * np.einsum("kid,kjd->kij", X, X), 0.0)
+    M = np.exp(-dist / (2.0 * d))
+    return M, M.sum(axis=2) / l
+
+
+def pytest_generate_tests(metafunc):
+    """The cases of test_coefficient_solve (bench/conftest.py adds ``device``); no pytest import in the script."""
+    if metafunc.function.__name__ == "test_coefficient_solve":
+        metafunc.parametrize("route", ["eigh", "regularized"])
+        metafunc.parametrize("l", SOLVE_SIZES)
+
+
+def test_coefficient_solve(benchmark, device, route, l):
+    """alpha_c = M_c^+ rhs_c for k = 10 clusters of l samples. "eigh" is the default route (one batched LAPACK
+    call on the CPU; on a GPU one syevd per cluster for M_c above 32 x 32, cuSOLVER's batched-Jacobi limit);
+    "regularized" is one batched solve of (M_c^2 + eps^2 I) x = M_c rhs_c (kkmgpu._cats._regularized_solve, what
+    GPU_LARGE_M_SOLVER = "regularized" runs). ``extra_info["offsets_max_rel_diff"]``: the largest relative
+    difference of the offsets alpha^T M alpha from the eigh route's (what the assignment reads)."""
+    import pytest
+
+    be = _backend.resolve_device(device)
+    if not be.is_gpu and l > SOLVE_CPU_MAX:
+        pytest.skip(f"l={l} takes seconds per call on the CPU; measured on a GPU only")
+    solve = {"eigh": _cats._pinv_solve, "regularized": _cats._regularized_solve}[route]
+    with be.activate():
+        M, rhs = (be.asarray(a) for a in rbf_sample_squares(SOLVE_CLUSTERS, l, seed=l))
+
+        def call():
+            x = solve(M, rhs, 1e-6, be)
+            be.synchronize()
+            return x
+
+        x = benchmark(call)
+        reference = _cats._pinv_solve(M, rhs, 1e-6, be)
+        offsets, reference_offsets = (be.to_host(be.xp.einsum("kl,klm,km->k", y, M, y)) for y in (x, reference))
+    benchmark.extra_info.update({
+        "k": SOLVE_CLUSTERS, "l": l, "route": route, "device": device, "rcond": 1e-6,
+        "per_cluster_eigh": bool(route == "eigh" and be.is_gpu and l > _cats.GPU_BATCHED_EIGH_MAX),
+        "offsets_max_rel_diff": float(np.max(np.abs(offsets / reference_offsets - 1.0)))})
 
 
 # ------------------------------------------------------------------------------------------ devices, files

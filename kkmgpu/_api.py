@@ -179,14 +179,23 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         README for the measured effect on labels. A no-op with a warning on the CPU.
 
     n_samples_per_cluster : int, optional
-        CATS: the l points sampled (uniformly, seeded) from each cluster per iteration; clusters with
-        fewer members use all of them. Default ceil(sqrt(n / k)), the paper's choice.
+        CATS: the l points sampled (uniformly, seeded) from each cluster per iteration, l >= 1. A cluster
+        with at most l positive-weight members uses all of them and gets its exact centroid. An iteration's
+        work is sized by L = min(l, its largest cluster) (the k x L x L stack of M_c, the n x (k L) kernel
+        block), so a large l costs no more than the clusters need; l >= n samples every cluster in full.
+        Default ceil(sqrt(n / k)), the paper's choice.
     window, theta : int, float, optional
         CATS's stopping rule: halt when the variance of the last ``window`` approximate distortions is
         <= ``theta`` times their squared mean (a scale-free form of the paper's rule). Defaults 5, 1e-6.
+        With ``theta=0`` CATS stops only when no point moves (or at ``max_iter``). With ``theta=0`` and
+        l at least the largest cluster of every iteration (l >= n always is), CATS is exact kernel k-means:
+        from the same initial labels (``init`` an array) it gives the labels and n_iter of method="exact"
+        with ``tol=0``, up to rounding at exact ties, whatever ``dtype`` and ``rcond``. A ``theta`` > 0 may
+        stop it earlier, while points still move.
     rcond : float, optional
         CATS: eigenvalues of M_c below ``rcond`` times its largest are treated as zero in the
-        pseudoinverse M_c^+. Default 1e-6 (float32 / float16 data), 1e-12 (float64).
+        pseudoinverse M_c^+ (clusters sampled in full do not use it). Default 1e-6 (float32 / float16
+        data), 1e-12 (float64).
     exact_objective : bool, default=False
         CATS: also compute the exact kernel k-means objective of the final labels (in tiles, time
         O(sum_c n_c^2 d), no n x n matrix) into ``result.exact_objective``.
@@ -212,7 +221,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     DeviceUnavailableError
         If a GPU is requested but none is usable.
     InsufficientMemoryError
-        If the dense kernel matrix would not fit the device's free memory.
+        If the dense kernel matrix would not fit the device's free memory (method="cats": if an
+        iteration's arrays would not, checked before each iteration).
 
     Examples
     --------

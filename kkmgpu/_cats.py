@@ -5,12 +5,17 @@ the best combination of the sampled points, m~_c = sum_{s in S_c} alpha_s phi(x_
 
     alpha_c = M_c^+ L_c w_c / n_c,   M_c = K(S_c, S_c) (l x l),  L_c = K(S_c, C) (l x n_c),
 
-then assigns every point to argmin_c K_ii - 2 sum_s alpha_s K(i, s) + alpha_c^T M_c alpha_c. Only the
-n x (k l) block between all points and the samples is evaluated (in row tiles): memory O(n k l) at most
-(less when the block is recomputed instead of cached), time O(n k l d) per iteration; the n x n kernel
+then assigns every point to argmin_c K_ii - 2 sum_s alpha_s K(i, s) + alpha_c^T M_c alpha_c. A cluster
+holds min(l, n_c) samples and the stack of the M_c is L x L with L = min(l, the largest cluster of the
+iteration), so an l beyond the cluster sizes costs nothing. A cluster whose every member is sampled gets
+alpha = w / n_c, its exact centroid (what Eq. 2 gives in exact arithmetic), without the pseudoinverse. Only the
+n x (k L) block between all points and the samples is evaluated (in row tiles): memory O(n k L) at most
+(less when the block is recomputed instead of cached), time O(n k L d) per iteration; the n x n kernel
 matrix is never formed. The run stops when the variance of the last ``window`` approximate
 distortions, relative to their squared mean, is <= ``theta`` (the paper's rule), when no point moves,
-or at ``max_iter``.
+or at ``max_iter``. With every cluster sampled in full (l >= the largest cluster of every iteration) and
+``theta=0``, the iterations are exact kernel k-means's: from the same initial labels the labels of
+method="exact" with ``tol=0``, up to rounding at exact ties.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _kernels
-from ._backend import Backend, check_fits, work_bytes
+from ._backend import MEMORY_HEADROOM, Backend, InsufficientMemoryError, _format_bytes, work_bytes
 from ._lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
 
 #: The n x (k l) block is kept between the two passes of an iteration when it takes at most this
@@ -119,21 +124,45 @@ def _project(B, alpha, xp):
     return xp.einsum("tkl,kl->tk", B.reshape(t, k, l).astype(xp.float64), alpha)
 
 
+def sample_width(labels_h, weights_h, k, l):
+    """L = min(l, the most positive-weight members of a cluster), at least 1: the width of this iteration's
+    sample stack, sized by the clusters and not by l."""
+    counts = np.bincount(labels_h[weights_h > 0], minlength=k)
+    return max(1, min(int(l), int(counts.max(initial=0))))
+
+
 def _sample(labels_h, weights_h, k, l, rng):
-    """Indices (k, l) of up to l uniformly sampled positive-weight members per cluster, and their mask."""
-    index = np.zeros((k, l), dtype=np.int64)
-    mask = np.zeros((k, l), dtype=bool)
+    """Indices (k, L) of min(l, n_c) uniformly sampled positive-weight members of every cluster, and their mask
+    (L from :func:`sample_width`; the rows of smaller clusters are padded by repeating a member)."""
+    width = sample_width(labels_h, weights_h, k, l)
+    index = np.zeros((k, width), dtype=np.int64)
+    mask = np.zeros((k, width), dtype=bool)
     order = np.argsort(labels_h, kind="stable")
     bounds = np.searchsorted(labels_h[order], np.arange(k + 1))
     for c in range(k):
         members = order[bounds[c]:bounds[c + 1]]
         members = members[weights_h[members] > 0]
-        if members.size > l:
-            members = np.sort(rng.choice(members, l, replace=False))
+        if members.size > width:
+            members = np.sort(rng.choice(members, width, replace=False))
         index[c, :members.size] = members
         index[c, members.size:] = members[0] if members.size else 0
         mask[c, :members.size] = True
     return index, mask
+
+
+def full_clusters(labels_h, weights_h, index, mask, sizes_h):
+    """Which clusters are sampled in full (every positive-weight member), and alpha (k, L) = w_s / n_c on them.
+
+    For such a cluster S_c = C, and alpha = w / n_c is a minimiser of Eq. 1 (the exact centroid); the paper's
+    M^+ L w / n is the same point of feature space in exact arithmetic, but its eigenvalue cutoff (rcond)
+    would perturb it: the exact centroid keeps CATS equal to exact kernel k-means where it samples everything.
+    """
+    k = mask.shape[0]
+    counts = np.bincount(labels_h[weights_h > 0], minlength=k)
+    full = mask.sum(axis=1) == counts
+    per_size = 1.0 / np.where(sizes_h > 0, sizes_h, 1.0)
+    alpha = np.where(mask & full[:, None], weights_h[index] * per_size[:, None], 0.0)
+    return full, alpha
 
 
 #: M_c for all clusters come from one (k l) x (k l) kernel block when it takes at most this many bytes
@@ -156,6 +185,15 @@ def _sample_squares(source, samples, backend, k, l):
 #: documented for matrices up to 32 x 32; larger M_c are decomposed one by one (syevd) on a GPU.
 GPU_BATCHED_EIGH_MAX = 32
 
+#: How M_c^+ (L_c w_c / n_c) is solved on a GPU when M_c is larger than GPU_BATCHED_EIGH_MAX: "eigh" (the
+#: pseudoinverse, one syevd per cluster) or "regularized" (one batched solve for all clusters, see
+#: :func:`_regularized_solve`). The CPU and small M_c always take the batched eigendecomposition.
+#: bench/bench_cats.py compares the two on a GPU.
+GPU_LARGE_M_SOLVER = "eigh"
+
+#: Power-iteration steps that estimate the largest |eigenvalue| of every M_c for the regularized solve.
+POWER_STEPS = 30
+
 
 def _batched_eigh(M, backend):
     """Eigenvalues (k, l) and eigenvectors (k, l, l) of the symmetric stack M (k, l, l)."""
@@ -166,22 +204,104 @@ def _batched_eigh(M, backend):
     return xp.stack([w for w, _ in pairs]), xp.stack([V for _, V in pairs])
 
 
-def _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, rcond, diag_s):
-    """alpha_c = M_c^+ (L_c w_c) / n_c for all clusters at once (batched eigendecomposition of M)."""
+def _pinv_solve(M, rhs, rcond, backend):
+    """x_c = M_c^+ rhs_c for the symmetric stack M (m, l, l) and rhs (m, l): eigenvalues |lambda| <= rcond times
+    the largest |lambda| of M_c are treated as zero (batched eigendecomposition)."""
     xp = backend.xp
+    lam, V = _batched_eigh(M, backend)
+    cutoff = rcond * xp.max(xp.abs(lam), axis=1, keepdims=True)
+    inv = xp.where(xp.abs(lam) > cutoff, 1.0 / xp.where(lam == 0, 1.0, lam), 0.0)
+    return xp.einsum("kls,ks->kl", V, inv * xp.einsum("kls,kl->ks", V, rhs))
+
+
+def _spectral_radius(M, xp, steps=POWER_STEPS):
+    """max |eigenvalue| of every symmetric M_c (m, l, l), estimated by power iteration (from below)."""
+    m, l = M.shape[0], M.shape[1]
+    v = xp.ones((m, l), dtype=xp.float64) + xp.arange(l, dtype=xp.float64)[None, :] / (7.0 * l)
+    radius = xp.zeros((m, 1), dtype=xp.float64)
+    for _ in range(steps):
+        v = xp.einsum("kls,ks->kl", M, v)
+        radius = xp.sqrt((v * v).sum(axis=1, keepdims=True))
+        v = v / xp.where(radius > 0, radius, 1.0)
+    return radius
+
+
+def _regularized_solve(M, rhs, rcond, backend):
+    """x_c = (M_c^2 + eps_c^2 I)^-1 M_c rhs_c, eps_c = max(rcond, sqrt(l u)) times the largest |eigenvalue| of M_c
+    (u the float64 rounding unit): one solve call for all clusters, no eigendecomposition (CuPy's
+    linalg.solve runs cuBLAS's batched LU, getrfBatched / getrsBatched, for l <= 256 and one cuSOLVER gesv per
+    matrix above: an LU, not an eigendecomposition).
+
+    In the eigenbasis of M_c this multiplies a component by lambda / (lambda^2 + eps^2) instead of the
+    pseudoinverse's 1 / lambda (|lambda| > rcond max|lambda|) or 0: the same cutoff, made soft (a factor 1/2 at
+    |lambda| = eps, within 1% of 1 / lambda above 10 eps), for either sign of lambda (non-PSD kernels).
+    M_c^2 + eps_c^2 I is positive definite; its condition number is about 1 / rcond^2, hence the floor sqrt(l u)
+    (the rounding of M_c^2) on rcond.
+    """
+    xp = backend.xp
+    m, l = M.shape[0], M.shape[1]
+    eps = max(float(rcond), math.sqrt(l * np.finfo(np.float64).eps)) * _spectral_radius(M, xp)
+    eps = xp.where(eps > 0, eps, 1.0)  # M_c = 0 (an empty cluster): x = 0 whatever eps
+    A = M @ M
+    j = xp.arange(l)
+    A[:, j, j] += eps ** 2
+    b = xp.einsum("kls,ks->kl", M, rhs)
+    return xp.linalg.solve(A, b[:, :, None])[:, :, 0]
+
+
+def _solve_coefficients(M, rhs, rcond, backend):
+    """M_c^+ rhs_c, by the route this backend and size take (see GPU_LARGE_M_SOLVER)."""
+    if backend.is_gpu and M.shape[-1] > GPU_BATCHED_EIGH_MAX and GPU_LARGE_M_SOLVER == "regularized":
+        return _regularized_solve(M, rhs, rcond, backend)
+    return _pinv_solve(M, rhs, rcond, backend)
+
+
+def _centroid_coefficients(source, samples, backend, mask_d, Lw, sizes_h, rcond, diag_s, full=None,
+                           alpha_full=None):
+    """alpha_c = M_c^+ (L_c w_c) / n_c for the clusters sampled in part (all at once), ``alpha_full`` (from
+    :func:`full_clusters`) for those sampled in full; and the offsets alpha_c^T M_c alpha_c."""
+    xp = backend.xp
+    k, l = mask_d.shape
     M = _sample_squares(source, samples, backend, k, l)
     M = (M + M.transpose(0, 2, 1)) / 2
     j = xp.arange(l)
     M[:, j, j] = diag_s.reshape(k, l)  # k(s, s) exactly (the GEMM form leaves rounding there)
     M *= mask_d[:, :, None] * mask_d[:, None, :]
-    lam, V = _batched_eigh(M, backend)
-    cutoff = rcond * xp.max(xp.abs(lam), axis=1, keepdims=True)
-    inv = xp.where(xp.abs(lam) > cutoff, 1.0 / xp.where(lam == 0, 1.0, lam), 0.0)
-    sizes = backend.asarray(np.where(sizes_h > 0, sizes_h, 1.0))
-    rhs = Lw / sizes[:, None]
-    alpha = xp.einsum("kls,ks->kl", V, inv * xp.einsum("kls,kl->ks", V, rhs)) * mask_d
+    if full is None:
+        full = np.zeros(k, dtype=bool)
+    alpha = xp.zeros((k, l), dtype=xp.float64) if alpha_full is None else backend.asarray(alpha_full)
+    partial = np.flatnonzero(~full)
+    if partial.size:
+        sizes = backend.asarray(np.where(sizes_h > 0, sizes_h, 1.0)[partial])
+        rhs = Lw[partial] / sizes[:, None]
+        Mp = M if partial.size == k else M[partial]
+        alpha[partial] = _solve_coefficients(Mp, rhs, rcond, backend) * mask_d[partial]
     offsets = xp.einsum("kl,klm,km->k", alpha, M, alpha)
     return alpha, backend.to_host(offsets).astype(np.float64)
+
+
+def iteration_plan(n, k, width, itemsize, backend, l):
+    """Rows per tile and whether the n x (k L) block is kept between the passes, for one iteration with L =
+    ``width`` samples per cluster; raises :class:`InsufficientMemoryError` before anything is allocated when the
+    iteration's arrays do not fit the device."""
+    block_bytes = n * k * width * itemsize
+    available = backend.available_bytes()
+    cache = block_bytes <= min(CACHE_MAX_BYTES, CACHE_FRACTION * available) if available else \
+        block_bytes <= CACHE_MAX_BYTES
+    # a tile of the n x (k L) block has a float64 copy in _project: both within WORK_FRACTION of the free memory
+    step = min(_kernels.tile_rows(k * width, itemsize),
+               _kernels.tile_rows(k * width, itemsize + 8, 2**62, backend=backend))
+    # what one iteration holds however small its tiles: T (n x k) and, for alpha, M, its symmetrised copy and the
+    # eigenvectors (k x L x L, about six such at once), float64, with one tile
+    need = 8 * (n * k + 6 * k * width * width) + step * k * width * (itemsize + 8)
+    if available is not None and need > int(available * MEMORY_HEADROOM):
+        raise InsufficientMemoryError(
+            f"the CATS iteration's arrays (n={n}, k={k}, {width} samples per cluster: the smaller of "
+            f"n_samples_per_cluster={l} and the largest cluster) need {_format_bytes(need)} ({need} bytes) but "
+            f"device {backend.name} has {_format_bytes(available)} ({available} bytes) available; an allocation "
+            f"may use at most {MEMORY_HEADROOM:.0%} of the free memory. Use a smaller n_samples_per_cluster (the "
+            f"default is ceil(sqrt(n / k)) = {default_samples_per_cluster(n, k)}) or another device.")
+    return step, cache
 
 
 @dataclass
@@ -198,8 +318,13 @@ class CatsRun:
 
 
 def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window, theta, rcond,
-         rng, verbose=False, restart=None, diag=None):
-    """CATS iterations from ``init_labels``; see the module docstring."""
+         rng, verbose=False, restart=None, diag=None, callback=None):
+    """CATS iterations from ``init_labels``; see the module docstring.
+
+    ``callback``, if given, is called after every iteration with a dict: restart (None for a single run),
+    iteration, max_iter, distortion (the approximate distortion), moved (points that changed cluster) and
+    samples_per_cluster (this iteration's L); a hook for progress reports.
+    """
     backend = source.backend
     xp = backend.xp
     t0 = backend.timer()
@@ -208,16 +333,6 @@ def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window
     if diag is None:
         diag = source.diagonal()
     itemsize = source.itemsize
-    block_bytes = n * k * l * itemsize
-    available = backend.available_bytes()
-    cache = block_bytes <= min(CACHE_MAX_BYTES, CACHE_FRACTION * (available or 0)) if available else \
-        block_bytes <= CACHE_MAX_BYTES
-    # a tile of the n x (k l) block has a float64 copy in _project: both within WORK_FRACTION of the free memory
-    step = min(_kernels.tile_rows(k * l, itemsize), _kernels.tile_rows(k * l, itemsize + 8, 2**62, backend=backend))
-    # what one iteration holds however small its tiles: T (n x k) and, for alpha, M, its symmetrised copy and the
-    # eigenvectors (k x l x l, about six such at once), float64, with one tile
-    check_fits(8 * (n * k + 6 * k * l * l) + step * k * l * (itemsize + 8), backend,
-               f"the CATS iteration's arrays (n={n}, k={k}, l={l})")
     labels_h = np.asarray(init_labels, dtype=np.int32).copy()
     labels = backend.asarray(labels_h)
     history = []
@@ -227,26 +342,32 @@ def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
         sizes_h = np.bincount(labels_h, weights=weights_h, minlength=k)
+        width = sample_width(labels_h, weights_h, k, l)
+        step, cache = iteration_plan(n, k, width, itemsize, backend, l)
         index, mask = _sample(labels_h, weights_h, k, l, rng)
+        full, alpha_full = full_clusters(labels_h, weights_h, index, mask, sizes_h)
         index_d = backend.asarray(index.ravel())
         samples = source.take(index_d)
         mask_d = backend.asarray(mask.astype(np.float64))
 
-        # pass 1: L_c w_c = sum_{i in c} w_i K(S_c, x_i), from row tiles of the n x (k l) block
-        Lw = xp.zeros((k, l), dtype=xp.float64)
+        # pass 1: L_c w_c = sum_{i in c} w_i K(S_c, x_i), from row tiles of the n x (k L) block (only the clusters
+        # sampled in part need it)
+        sampled_in_part = not full.all()
+        cache = cache and sampled_in_part
+        Lw = xp.zeros((k, width), dtype=xp.float64)
         blocks = []
-        for i0 in range(0, n, step):
+        for i0 in range(0, n if sampled_in_part else 0, step):
             i1 = min(n, i0 + step)
             B = source.block(i0, i1, samples)
             lab = labels[i0:i1]
-            own = B.reshape(i1 - i0, k, l)[xp.arange(i1 - i0), lab].astype(xp.float64)  # (t, l)
+            own = B.reshape(i1 - i0, k, width)[xp.arange(i1 - i0), lab].astype(xp.float64)  # (t, L)
             Y = xp.zeros((i1 - i0, k), dtype=xp.float64)
             Y[xp.arange(i1 - i0), lab] = weights[i0:i1]
             Lw += Y.T @ own
             if cache:
                 blocks.append(B)
-        alpha, offsets = _centroid_coefficients(source, samples, backend, k, l, mask_d, Lw, sizes_h, rcond,
-                                                diag[index_d])
+        alpha, offsets = _centroid_coefficients(source, samples, backend, mask_d, Lw, sizes_h, rcond,
+                                                diag[index_d], full=full, alpha_full=alpha_full)
 
         # pass 2: assign every point to the nearest approximate centroid
         T = xp.empty((n, k), dtype=xp.float64)
@@ -271,6 +392,9 @@ def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window
         labels, labels_h = new_labels, new_h
         if verbose:
             print(f"{prefix}iteration {n_iter}: approximate distortion {distortion:.10g}, {n_changed} points moved")
+        if callback is not None:
+            callback(dict(restart=restart, iteration=n_iter, max_iter=max_iter, distortion=distortion,
+                          moved=int(n_changed), samples_per_cluster=width))
         if n_changed == 0:
             converged, stop_reason = True, "no point moved"
             break
@@ -312,8 +436,9 @@ def exact_objective(source: KernelSource, labels_h, weights_h, k, diag=None, til
 
 
 def run_restarts(source: KernelSource, weights_h, k, *, init, n_init, max_iter, window, theta, rcond, l, rng,
-                 verbose):
-    """CATS from n_init initialisations; the lowest final approximate distortion wins."""
+                 verbose, callback=None):
+    """CATS from n_init initialisations; the lowest final approximate distortion wins (``callback``: see
+    :func:`cats`; restart is the initialisation's number when n_init > 1)."""
     backend = source.backend
     diag = source.diagonal()
     best, runs, init_seconds = None, [], 0.0
@@ -322,7 +447,8 @@ def run_restarts(source: KernelSource, weights_h, k, *, init, n_init, max_iter, 
         labels0 = initial_labels(init, source.n, k, rng, _SourceRows(source, backend.asarray(weights_h), diag))
         init_seconds += time.perf_counter() - t0
         run = cats(source, weights_h, k, labels0, l=l, max_iter=max_iter, window=window, theta=theta,
-                   rcond=rcond, rng=rng, verbose=verbose, restart=r if n_init > 1 else None, diag=diag)
+                   rcond=rcond, rng=rng, verbose=verbose, restart=r if n_init > 1 else None, diag=diag,
+                   callback=callback)
         runs.append(run)
         if best is None or run.objective < best.objective:
             best = run

@@ -377,12 +377,13 @@ def _cats_run(cluster, spec, dtype, weights_h, diag_h, labels0, k, *, l, max_ite
         labels_f = cluster.broadcast(labels_h)
         sizes_h = np.bincount(labels_h, weights=weights_h, minlength=k)
         index, mask = _cats._sample(labels_h, weights_h, k, l, rng)
+        full, alpha_full = _cats.full_clusters(labels_h, weights_h, index, mask, sizes_h)
         Lw = np.sum(cluster.gather(cluster.map(_block_cats_sums, labels_f, index)), axis=0)
         samples = cluster.client.submit(_block_samples, cluster.blocks[0], index, workers=[cluster.addresses[0]],
                                         pure=False).result()
         source = _cats.KernelSource(samples, spec, host)
-        alpha, offsets = _cats._centroid_coefficients(source, samples, host, k, l, mask.astype(np.float64), Lw,
-                                                      sizes_h, rcond, diag_h[index.ravel()])
+        alpha, offsets = _cats._centroid_coefficients(source, samples, host, mask.astype(np.float64), Lw, sizes_h,
+                                                      rcond, diag_h[index.ravel()], full=full, alpha_full=alpha_full)
         nonempty = sizes_h > 0
         assigned = cluster.map(_block_cats_assign, labels_f, index, alpha, offsets, nonempty)
         results = cluster.gather(assigned)

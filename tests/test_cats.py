@@ -8,6 +8,7 @@
   stopping rule.
 """
 
+import contextlib
 import re
 import tracemalloc
 import warnings
@@ -599,3 +600,228 @@ def test_per_cluster_eigh_route_equals_the_batched_one():
     w, V = _cats._batched_eigh(M, GpuLikeBackend())
     np.testing.assert_allclose(w, np.linalg.eigh(M)[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(np.einsum("kij,kj->kij", V, w), M @ V, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- the work sized by the clusters
+
+
+def record_samples(monkeypatch):
+    """Wrap _cats._sample: per iteration (the largest positive-weight cluster, l asked for, the stack's shape)."""
+    calls = []
+    original = _cats._sample
+
+    def recording(labels_h, weights_h, k, l, rng):
+        index, mask = original(labels_h, weights_h, k, l, rng)
+        largest = int(np.bincount(labels_h[weights_h > 0], minlength=k).max())
+        calls.append((largest, l, index.shape, mask.sum(axis=1)))
+        return index, mask
+
+    monkeypatch.setattr(_cats, "_sample", recording)
+    return calls
+
+
+@pytest.mark.parametrize("l", [4, 60, 5000])
+def test_sample_stack_is_min_of_l_and_the_largest_cluster(l, monkeypatch, device):
+    """M_c stack (k, L, L) with L = min(l, the largest cluster of that iteration), every iteration; a cluster holds
+    min(l, n_c) distinct samples."""
+    X, _ = blobs(300, 2, 4, seed=40)
+    weights = np.random.default_rng(41).uniform(0.5, 2.0, 300)
+    weights[::7] = 0.0  # zero-weight members are never sampled, so they do not count in the largest cluster
+    calls = record_samples(monkeypatch)
+    result = quiet_fit(X, 4, method="cats", n_samples_per_cluster=l, init=random_partition(300, 4, 42),
+                       sample_weight=weights, random_state=0, device=device, max_iter=20, theta=0.0)
+    assert len(calls) == result.n_iter >= 2
+    for largest, asked, shape, per_cluster in calls:
+        assert asked == l and shape == (4, min(l, largest))
+        assert per_cluster.max() == min(l, largest)
+    assert result._cats_state.index.shape[1] <= min(l, 300)
+    assert_sane(result, 4, 300)
+
+
+def test_huge_l_is_capped_and_equals_l_equal_to_n(device):
+    """l = 10**9 (and beyond int64) samples every cluster in full, as l = n does: the same run."""
+    X, _ = blobs(400, 3, 5, seed=43)
+    kwargs = dict(method="cats", init="k-means++", random_state=1, device=device, exact_objective=True)
+    at_n = quiet_fit(X, 5, n_samples_per_cluster=400, **kwargs)
+    for l in (10**9, 10**30):
+        huge = quiet_fit(X, 5, n_samples_per_cluster=l, **kwargs)
+        np.testing.assert_array_equal(host(huge.labels), host(at_n.labels))
+        np.testing.assert_array_equal(huge.objective_history, at_n.objective_history)
+        assert huge._cats_state.index.shape == at_n._cats_state.index.shape
+        assert huge._cats_state.index.shape[1] <= 400 - 4  # the largest cluster, never l
+        assert huge.method_params["l"] == l
+        assert huge.exact_objective == pytest.approx(at_n.exact_objective, rel=1e-12)
+
+
+@contextlib.contextmanager
+def small_device(device, nbytes, monkeypatch):
+    """The device with ``nbytes`` free: the CuPy stand-in's emulated GPU shrunk to it (every array charged), or
+    (the CPU, a real GPU) the free memory kkmgpu reads patched to it."""
+    if device == "cuda":
+        cp = _backend.import_cupy()
+        if hasattr(cp.cuda, "standin_device_memory"):
+            pool = cp.get_default_memory_pool()
+            pool.free_all_blocks()
+            with cp.cuda.standin_device_memory(pool.used_bytes() + nbytes):
+                yield
+            return
+    with monkeypatch.context() as m:
+        m.setattr(_backend.Backend, "available_bytes", lambda self: nbytes)
+        yield
+
+
+def test_memory_guard_names_n_samples_per_cluster(monkeypatch, device):
+    """On a device of 2 MiB, l = n (stack 2 x ~300 x ~300 float64, several copies) is refused before anything is
+    allocated, with kkmgpu's InsufficientMemoryError naming l and the default; the default l runs, with the
+    labels it has on a large device."""
+    X, _ = blobs(600, 2, 2, seed=44, spread=4.0)
+    kwargs = dict(method="cats", init=random_partition(600, 2, 45), random_state=2, device=device,
+                  dtype="float32", max_iter=50)
+    roomy = quiet_fit(X, 2, **kwargs)
+    with small_device(device, 2 * 2**20, monkeypatch):
+        with pytest.raises(kkmgpu.InsufficientMemoryError,
+                           match=r"n_samples_per_cluster=600 .*smaller n_samples_per_cluster \(the default is "
+                                 r"ceil\(sqrt\(n / k\)\) = 18\)"):
+            quiet_fit(X, 2, n_samples_per_cluster=600, **kwargs)
+        tight = quiet_fit(X, 2, **kwargs)
+    np.testing.assert_array_equal(host(tight.labels), host(roomy.labels))
+    np.testing.assert_array_equal(tight.objective_history, roomy.objective_history)
+
+
+# --------------------------------------------------------------------------- when CATS is exact kernel k-means
+
+
+def test_every_point_sampled_is_exact_whatever_rcond_and_dtype(device):
+    """A cluster sampled in full gets its exact centroid (alpha = w / n_c), not M^+ L w / n through the
+    eigenvalue cutoff: with l >= the largest cluster and theta = 0, float32 storage and even rcond = 0.5 give
+    the labels and n_iter of method="exact" with tol = 0 from the same initial labels."""
+    X, _ = blobs(240, 3, 4, seed=46, spread=2.0)
+    init = random_partition(240, 4, 47)
+    exact = kkmgpu.fit(X, 4, init=init, tol=0.0, device=device, max_iter=100)
+    assert exact.n_iter >= 4
+    for rcond in (None, 0.5):
+        cats = kkmgpu.fit(X, 4, method="cats", n_samples_per_cluster=240, theta=0.0, rcond=rcond, init=init,
+                          device=device, max_iter=100, exact_objective=True)
+        np.testing.assert_array_equal(host(cats.labels), host(exact.labels))
+        assert cats.n_iter == exact.n_iter and cats.stop_reason == "no point moved"
+        assert cats.exact_objective == pytest.approx(exact.objective, rel=1e-5)
+
+
+def test_theta_above_zero_can_stop_before_the_exact_labels(device):
+    """Why the condition names theta = 0: the variance rule may stop CATS while points still move, even with
+    every point sampled (here theta = 1e30 stops at the window, 2 iterations, where exact needs more)."""
+    X, _ = blobs(240, 3, 4, seed=46, spread=2.0)
+    init = random_partition(240, 4, 47)
+    exact = kkmgpu.fit(X, 4, init=init, tol=0.0, device=device, max_iter=100)
+    early = kkmgpu.fit(X, 4, method="cats", n_samples_per_cluster=240, theta=1e30, window=2, init=init,
+                       device=device, max_iter=100)
+    assert early.n_iter == 2 < exact.n_iter
+    assert not np.array_equal(host(early.labels), host(exact.labels))
+
+
+# --------------------------------------------------------------------------- the batched solve for large M_c
+
+
+def psd_stack(m, l, rank, seed):
+    """m symmetric PSD l x l matrices Phi^T Phi of the given rank, and right-hand sides Phi^T mu in their range
+    (what L_c w_c / n_c is: the samples' inner products with a centroid); eigenvalues spread over about 1e3."""
+    rng = np.random.default_rng(seed)
+    Phi = rng.normal(size=(m, rank, l)) * np.logspace(0, -1.5, rank)[None, :, None]
+    mu = rng.normal(size=(m, rank))
+    return np.einsum("kri,krj->kij", Phi, Phi), np.einsum("kri,kr->ki", Phi, mu), Phi, mu
+
+
+@pytest.mark.parametrize("rank", [10, 30])
+def test_regularized_solve_gives_the_pseudoinverse_centroid(rank, device):
+    """For M = Phi^T Phi and rhs = Phi^T mu, both routes give the centroid Phi x = mu (mu lies in the samples'
+    span), and the same offsets x^T M x and projections M x that the assignment reads. The regularized route
+    scales a component by 1 / (1 + (eps / lambda)^2): here at most 1e-6 off (eps = 1e-6 lambda_max, lambda >=
+    1e-3 lambda_max)."""
+    backend = _backend.resolve_device(device)
+    M_h, rhs_h, Phi, mu = psd_stack(5, 50, rank, seed=48)
+    with backend.activate():
+        M, rhs = backend.asarray(M_h), backend.asarray(rhs_h)
+        pinv = host(_cats._pinv_solve(M, rhs, 1e-6, backend))
+        reg = host(_cats._regularized_solve(M, rhs, 1e-6, backend))
+    for x in (pinv, reg):
+        centroid = np.einsum("kri,ki->kr", Phi, x)
+        np.testing.assert_allclose(centroid, mu, rtol=0, atol=1e-5 * np.abs(mu).max())
+    np.testing.assert_allclose(np.einsum("kij,kj->ki", M_h, reg), np.einsum("kij,kj->ki", M_h, pinv),
+                               rtol=0, atol=1e-5 * np.abs(rhs_h).max())
+    np.testing.assert_allclose(np.einsum("ki,kij,kj->k", reg, M_h, reg), np.einsum("ki,kij,kj->k", pinv, M_h, pinv),
+                               rtol=1e-5)
+
+
+def test_regularized_solve_drops_what_the_cutoff_drops(device):
+    """An indefinite M (eigenvalues 1, -0.5, 1e-9, 0, ...): components with |lambda| above the cutoff are inverted
+    (either sign); those below it are not (a plain inverse would make the 1e-9 one 1e-9 / 1e-9 = 1), and add
+    nothing to M x or x^T M x, the quantities the assignment reads."""
+    backend = _backend.resolve_device(device)
+    rng = np.random.default_rng(49)
+    l = 40
+    V = np.linalg.qr(rng.normal(size=(l, l)))[0]
+    lam = np.zeros(l)
+    lam[:3] = (1.0, -0.5, 1e-9)
+    M_h = (V * lam) @ V.T
+    rhs_h = V @ np.r_[1.0, 2.0, 1e-9, rng.normal(size=l - 3) * 1e-12]
+    with backend.activate():
+        M, rhs = backend.asarray(M_h[None]), backend.asarray(rhs_h[None])
+        x = host(_cats._regularized_solve(M, rhs, 1e-6, backend))[0]
+        p = host(_cats._pinv_solve(M, rhs, 1e-6, backend))[0]
+    for solution in (x, p):
+        coeffs = V.T @ solution
+        np.testing.assert_allclose(coeffs[:2], [1.0, -4.0], rtol=1e-6)
+        assert np.abs(coeffs[2:]).max() < 1e-3
+        np.testing.assert_allclose(M_h @ solution, V[:, :2] @ [1.0, 2.0], rtol=0, atol=1e-10)
+        assert solution @ M_h @ solution == pytest.approx(1.0 - 0.5 * 16.0, rel=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "rtol"), [("rbf", 1e-4), ("precomputed", 1e-4), ("sigmoid", 1e-2)])
+def test_gpu_batched_solve_gives_the_eigh_route_run(name, rtol, monkeypatch):
+    """On a GPU with M_c above 32 x 32: the one batched regularized solve and the per-cluster eigendecomposition
+    give the same labels, n_iter and exact objective (same seeds, same samples). The approximate distortions
+    differ by the soft cutoff (components of M_c near rcond x its largest eigenvalue): measured 1.7e-5 relative
+    for rbf in float32, 0.6% for the sigmoid kernel, whose M_c are indefinite; hence GPU_LARGE_M_SOLVER stays
+    "eigh" by default."""
+    from conftest import cuda_skip_reason
+
+    reason = cuda_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    X, _ = blobs(900, 3, 4, seed=50, spread=2.0)
+    case = KERNEL_CASES[name]
+    data = kernel_matrix(X, kernel="rbf") if name == "precomputed" else X
+    kwargs = dict(method="cats", n_samples_per_cluster=45, init=random_partition(900, 4, 51), random_state=3,
+                  device="cuda", max_iter=15, exact_objective=True, **case)
+    monkeypatch.setattr(_cats, "GPU_LARGE_M_SOLVER", "eigh")
+    calls = record_samples(monkeypatch)
+    loop = quiet_fit(data, 4, **kwargs)
+    assert min(shape[1] for _, _, shape, _ in calls) > _cats.GPU_BATCHED_EIGH_MAX  # the per-cluster route ran
+    monkeypatch.setattr(_cats, "GPU_LARGE_M_SOLVER", "regularized")
+    batched = quiet_fit(data, 4, **kwargs)
+    np.testing.assert_array_equal(host(batched.labels), host(loop.labels))
+    assert batched.n_iter == loop.n_iter
+    np.testing.assert_allclose(batched.objective_history, loop.objective_history, rtol=rtol)
+    assert batched.exact_objective == pytest.approx(loop.exact_objective, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- progress hook
+
+
+def test_callback_reports_every_iteration(monkeypatch, device):
+    """The progress hook of run_restarts / cats: one report per iteration, in order, with the run's distortions."""
+    reports = []
+    original = _cats.run_restarts
+    monkeypatch.setattr(_cats, "run_restarts", lambda *args, **kw: original(*args, callback=reports.append, **kw))
+    X, _ = blobs(200, 2, 3, seed=52)
+    result = quiet_fit(X, 3, method="cats", n_samples_per_cluster=10, init="random", n_init=2, max_iter=30,
+                       random_state=4, device=device)
+    per_restart = [[r for r in reports if r["restart"] == restart] for restart in (0, 1)]
+    assert len(reports) == sum(len(p) for p in per_restart)
+    for p in per_restart:
+        assert [r["iteration"] for r in p] == list(range(1, len(p) + 1))
+        assert all(r["max_iter"] == 30 and r["samples_per_cluster"] == 10 for r in p)
+    best = per_restart[int(np.argmin(result.objectives))]
+    np.testing.assert_array_equal([r["distortion"] for r in best], result.objective_history)
+    assert (best[-1]["moved"] == 0) == (result.stop_reason == "no point moved")
