@@ -353,6 +353,31 @@ def test_grid_search_without_scoring_uses_score():
     assert search.best_estimator_.n_clusters == 4  # the objective falls with k, as KMeans's score rises
 
 
+@pytest.mark.gpu
+def test_device_arrays_keep_their_type():
+    """CuPy inputs skip scikit-learn's host conversion (only n_features_in_ is checked): same results as host input."""
+    from conftest import cuda_skip_reason
+
+    reason = cuda_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    X, _ = blobs(90, 3, 3, seed=24)
+    w = np.random.default_rng(25).uniform(0.5, 2.0, 90)
+    on_host = KernelKMeans(3, gamma=0.3, dtype="float64", random_state=0, device="cuda").fit(X, sample_weight=w)
+    import kkmgpu._backend as _backend
+
+    cp = _backend.import_cupy()
+    est = KernelKMeans(3, gamma=0.3, dtype="float64", random_state=0, device="cuda")
+    est.fit(cp.asarray(X), sample_weight=cp.asarray(w))
+    assert est.n_features_in_ == 3
+    np.testing.assert_array_equal(host(est.labels_), host(on_host.labels_))
+    np.testing.assert_array_equal(host(est.predict(cp.asarray(X[:11]))), host(on_host.labels_)[:11])
+    assert est.score(cp.asarray(X[:11]), sample_weight=cp.asarray(w[:11])) == pytest.approx(
+        on_host.score(X[:11], sample_weight=w[:11]), rel=1e-12)
+    with pytest.raises(ValueError, match="X has 2 features, but KernelKMeans is expecting 3"):
+        est.predict(cp.asarray(X[:, :2]))
+
+
 # --------------------------------------------------------------------------- scikit-learn stays optional
 
 ROOT = Path(__file__).resolve().parents[1]
