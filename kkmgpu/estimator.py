@@ -165,7 +165,8 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.pairwise = _kernels.canonical_kernel_name(self.kernel) == "precomputed"
+        # tags are read on unvalidated parameters: an unknown kernel is fit's error to raise, not this one's
+        tags.input_tags.pairwise = isinstance(self.kernel, str) and self.kernel.lower() == "precomputed"
         return tags
 
     def _check_X(self, X, reset):
@@ -180,14 +181,13 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
 
     def _fit_kwargs(self):
         """kkmgpu.fit's keyword arguments: the method's own parameters, the others' dropped (see the class doc)."""
-        params = self.get_params()
-        kwargs = {name: value for name, value in params.items() if name != "n_clusters"}
+        kwargs = {name: value for name, value in self.get_params().items() if name != "n_clusters"}
+        if not isinstance(self.method, str) or self.method not in METHOD_PARAMS:
+            return kwargs  # an unknown method is kkmgpu.fit's error to raise
         defaults = {p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()}
         ignored = []
         for method, names in METHOD_PARAMS.items():
-            if method == self.method or self.method not in METHOD_PARAMS:
-                continue  # an unknown method is kkmgpu.fit's error to raise
-            for name in names:
+            for name in names if method != self.method else ():
                 value = kwargs.pop(name)
                 if not (value is defaults[name] or (type(value) is type(defaults[name]) and value == defaults[name])):
                     ignored.append(f"{name}={value!r} (method={method!r} only)")

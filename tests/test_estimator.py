@@ -224,6 +224,7 @@ def test_precomputed_kernel_features_are_the_training_points():
     est = KernelKMeans(2, kernel="precomputed", random_state=0, device="cpu").fit(K)
     assert est.n_features_in_ == 50
     assert est.__sklearn_tags__().input_tags.pairwise and not KernelKMeans().__sklearn_tags__().input_tags.pairwise
+    assert not KernelKMeans(kernel="no such kernel").__sklearn_tags__().input_tags.pairwise  # fit raises, not tags
     np.testing.assert_array_equal(est.predict(K[:7]), host(est.labels_)[:7])
     with pytest.raises(ValueError, match="X has 49 features, but KernelKMeans is expecting 50"):
         est.predict(K[:7, :49])
@@ -313,7 +314,7 @@ def reference_score(X_train, labels_train, w_train, X_new, labels_new, w_new, ke
 
 
 SCORE_CASES = [("exact", "rbf", {"gamma": 0.3}), ("exact", "polynomial", {"gamma": 0.1, "degree": 2, "coef0": 1.0}),
-               ("cats", "rbf", {"gamma": 0.3}), ("eigen", "laplacian", {"gamma": 0.5})]
+               ("cats", "rbf", {"gamma": 0.3}), ("eigen", "laplacian", {"gamma": 0.5}), ("trimmed", "rbf", {"gamma": 0.3})]
 
 
 @pytest.mark.parametrize("dtype, rel", [("float64", 1e-9), ("float32", 1e-4)])
