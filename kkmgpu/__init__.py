@@ -14,10 +14,24 @@ from .bandwidth import (BandwidthClustering, BandwidthSearchResult, CriticalBand
 from ._kernels import PrecisionWarning, UninformativeKernelWarning
 from ._lloyd import ConvergenceWarning
 from ._result import KernelKMeansResult
-from .estimator import KernelKMeans
 from .trimming import TrimmedKernel, trim_kernel_matrix
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # KernelKMeans imports scikit-learn when it is installed, which would triple the time of `import kkmgpu`:
+    # its module loads on first use.
+    if name == "KernelKMeans":
+        from .estimator import KernelKMeans
+
+        globals()["KernelKMeans"] = KernelKMeans
+        return KernelKMeans
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"KernelKMeans"})
 
 __all__ = [
     "ConvergenceWarning",
