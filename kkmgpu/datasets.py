@@ -1,8 +1,9 @@
 """Data loaders for the examples, the tests, the benchmarks and the command line.
 
-Nothing here downloads anything. The real data sets are read from the project's shared data folder
-(``../shared/data`` seen from the repository root, see its README) or from a folder named by an
-environment variable; scikit-learn and mlxtend are optional and imported only by the functions that use them.
+Nothing here downloads anything. The real data sets are read from the folder named by ``$KKMGPU_DATA_DIR`` (or
+``$KKMGPU_MNIST_DIR`` for MNIST), else from the developers' data folder, ``shared/data`` in the parent of the working
+directory or of the source checkout (docs/data.md); scikit-learn and mlxtend are optional and imported only by the
+functions that use them.
 """
 
 import gzip
@@ -46,8 +47,8 @@ _MNIST_HOW_TO_GET = (
 def _shared_data_dirs(subdir):
     """Folders that may hold ``<data root>/<subdir>``, most specific first, without duplicates.
 
-    The data root is $KKMGPU_DATA_DIR, then ``../shared/data`` relative to the working directory, then
-    ``../shared/data`` next to the repository this module was loaded from.
+    The data root is $KKMGPU_DATA_DIR, then ``shared/data`` in the parent of the working directory, then
+    ``shared/data`` in the parent of the source checkout this module was loaded from.
     """
     roots = []
     if os.environ.get("KKMGPU_DATA_DIR"):
@@ -105,8 +106,8 @@ def load_mnist(path=None, *, n_samples=None, random_state=0):
     path : str or path-like, optional
         Folder holding the four original files ``train-images-idx3-ubyte.gz``, ``train-labels-idx1-ubyte.gz``,
         ``t10k-images-idx3-ubyte.gz`` and ``t10k-labels-idx1-ubyte.gz``. By default the first folder that holds
-        all four of: ``$KKMGPU_MNIST_DIR``, ``$KKMGPU_DATA_DIR/mnist``, ``../shared/data/mnist`` relative to the
-        working directory, ``../shared/data/mnist`` next to the repository this package was loaded from.
+        all four of: ``$KKMGPU_MNIST_DIR``, ``$KKMGPU_DATA_DIR/mnist``, then ``shared/data/mnist`` in the parent
+        of the working directory and in the parent of the source checkout this package was loaded from.
     n_samples : int, optional
         Return a random subset of this many points, drawn uniformly without replacement (not stratified, so
         the class sizes vary a little around n_samples / 10) and kept in file order. By default all 70,000.
@@ -208,8 +209,8 @@ def load_shape_set(name, path=None):
         "jain" (373, k=2), "r15" (600, k=15).
     path : str or path-like, optional
         The csv file itself, or the folder holding ``<name>.csv``. By default the first of
-        ``$KKMGPU_DATA_DIR/shapes``, ``../shared/data/shapes`` relative to the working directory and
-        ``../shared/data/shapes`` next to the repository this package was loaded from that holds the file.
+        ``$KKMGPU_DATA_DIR/shapes``, then ``shared/data/shapes`` in the parent of the working directory and in the
+        parent of the source checkout this package was loaded from, that holds the file.
 
     Returns
     -------

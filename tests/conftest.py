@@ -113,7 +113,23 @@ def pytest_runtest_logreport(report):
         _CUDA_OUTCOMES.setdefault(report.nodeid, report.outcome)
 
 
+def skip_reason(report):
+    """The reason a skipped test report gives, without pytest's "Skipped: " prefix."""
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+
+
 def pytest_terminal_summary(terminalreporter):
+    # Why tests were skipped, one line per reason with its count (pytest's -rs repeats a reason per test function).
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if r.longrepr is not None]
+    if skipped:
+        counts = {}
+        for report in skipped:
+            reason = skip_reason(report)
+            counts[reason] = counts.get(reason, 0) + 1
+        terminalreporter.write_sep("=", f"{len(skipped)} skipped, by reason")
+        for reason, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+            terminalreporter.write_line(f"{count:6d}  {reason}")
     if _CUDA_OUTCOMES:
         counts = {}
         for outcome in _CUDA_OUTCOMES.values():
@@ -160,16 +176,55 @@ def backend(device):
     return device
 
 
+#: n, d, k of the SIPU shape sets (the project's data README)
+SHAPE_TABLE = {
+    "aggregation": (788, 2, 7),
+    "compound": (399, 2, 6),
+    "flame": (240, 2, 2),
+    "jain": (373, 2, 2),
+    "r15": (600, 2, 15),
+}
+
+
+def have_shape_sets():
+    return all((SHAPES_DIR / f"{name}.csv").is_file() for name in SHAPE_TABLE)
+
+
+def shape_set(name):
+    """(X float64, y int64 0-based) of a shape set: the real file when the shared data folder holds it, else a
+    generated look-alike of the same n, d and k (Gaussian clusters of unequal sizes on a circle, seeded by the
+    name), so that a fresh clone runs the same tests on data of the same shape instead of skipping them."""
+    path = SHAPES_DIR / f"{name}.csv"
+    if path.is_file():
+        return load_labelled_csv(path)
+    n, d, k = SHAPE_TABLE[name]
+    rng = np.random.default_rng(sum(map(ord, name)))
+    sizes = rng.multinomial(n - 10 * k, rng.dirichlet(np.full(k, 4.0))) + 10
+    angles = 2 * np.pi * np.arange(k) / k + rng.uniform(0, 0.3, k)
+    centres = 10 * np.column_stack([np.cos(angles), np.sin(angles)])
+    spreads = rng.uniform(0.8, 1.6, k)
+    X = np.concatenate([c + s * rng.standard_normal((m, d)) for c, s, m in zip(centres, spreads, sizes)])
+    y = np.repeat(np.arange(k), sizes)
+    order = rng.permutation(n)
+    return X[order], y[order].astype(np.int64)
+
+
+def write_shape_csv(path, X, y):
+    header = ",".join(f"x{j + 1}" for j in range(X.shape[1])) + ",label"
+    np.savetxt(path, np.column_stack([X, y + 1]), delimiter=",", header=header, comments="", fmt="%.10g")
+
+
 @pytest.fixture(scope="session")
-def shared_data_dir():
-    if not SHARED_DATA_DIR.is_dir():
-        pytest.skip(f"shared data folder not found at {SHARED_DATA_DIR.resolve()}")
-    return SHARED_DATA_DIR.resolve()
-
-
-def shape_csv_paths():
-    """Every shapes csv, for parametrisation at collection time (empty when the folder is missing)."""
-    return sorted(SHAPES_DIR.glob("*.csv")) if SHAPES_DIR.is_dir() else []
+def shared_data_dir(tmp_path_factory):
+    """The shared data folder when it holds the shape sets, else a temporary one with generated look-alikes in
+    ``shapes/`` (see :func:`shape_set`)."""
+    if have_shape_sets():
+        return SHARED_DATA_DIR.resolve()
+    root = tmp_path_factory.mktemp("generated-data")
+    (root / "shapes").mkdir()
+    for name in SHAPE_TABLE:
+        write_shape_csv(root / "shapes" / f"{name}.csv", *shape_set(name))
+    return root
 
 
 def load_labelled_csv(path):

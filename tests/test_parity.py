@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import load_labelled_csv, shape_csv_paths
+from conftest import SHAPE_TABLE, shape_set
 from reference import (
     KERNELS,
     default_kernel_params,
@@ -225,21 +225,15 @@ def test_callable_kernel_matches_reference(device):
 
 # --------------------------------------------------------------------------- shared shapes data sets
 
-SHAPE_PATHS = shape_csv_paths()
-SHAPE_PARAMS = [pytest.param(p, id=p.stem) for p in SHAPE_PATHS] or [
-    pytest.param(None, marks=pytest.mark.skip(reason="no ../shared/data/shapes/*.csv found"), id="missing")
-]
-
-
-def standardized_shape_set(path):
-    X, y = load_labelled_csv(path)
+def standardized_shape_set(name):
+    X, y = shape_set(name)  # the real set, or a generated look-alike where the shared data is missing
     X = (X - X.mean(axis=0)) / X.std(axis=0)
     return X, y, int(y.max()) + 1
 
 
-@pytest.mark.parametrize("path", SHAPE_PARAMS)
-def test_shape_sets_match_reference(path, device):
-    X, _, k = standardized_shape_set(path)
+@pytest.mark.parametrize("name", list(SHAPE_TABLE))
+def test_shape_sets_match_reference(name, device):
+    X, _, k = standardized_shape_set(name)
     init = nearest_seed_partition(X, k, np.random.default_rng(41))
     ref = reference_kernel_kmeans(kernel_matrix(X, kernel="rbf"), init, k)
     result = run_fit(X, k, init, device, kernel="rbf")
@@ -278,9 +272,9 @@ def test_float32_close_to_float64_reference(kernel, weighted, device):
     assert_float32_close(result, K, ref, weights)
 
 
-@pytest.mark.parametrize("path", SHAPE_PARAMS)
-def test_shape_sets_float32_close_to_reference(path, device):
-    X, _, k = standardized_shape_set(path)
+@pytest.mark.parametrize("name", list(SHAPE_TABLE))
+def test_shape_sets_float32_close_to_reference(name, device):
+    X, _, k = standardized_shape_set(name)
     init = nearest_seed_partition(X, k, np.random.default_rng(41))
     K = kernel_matrix(X, kernel="rbf")
     ref = reference_kernel_kmeans(K, init, k)
