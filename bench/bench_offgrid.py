@@ -45,6 +45,7 @@ except ImportError:  # benchmark the working tree this folder belongs to
 
 import kkmgpu  # noqa: E402
 from kkmgpu import _backend, datasets  # noqa: E402
+from kkmgpu._progress import progress_bar  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-offgrid/1"
 DEFAULT_RESULTS_DIR = BENCH_DIR / "results"
@@ -323,6 +324,7 @@ def summarise_search(result, seconds):
 
 def cmd_table2(args, run, bw):
     device = run.device
+    bar = progress_bar(len(args.sets) * args.partitions, desc="table2", unit="partition", enabled=args.progress)
     for name in args.sets:
         X, y, description = load_set(name)
         n, k = X.shape[0], int(y.max()) + 1
@@ -334,10 +336,11 @@ def cmd_table2(args, run, bw):
                 result, seconds = run_method(bw, method, X, k, labels0, y, device, p)
                 row[method] = summarise_search(result, seconds)
             rows.append(row)
-            print(f"[table2] {name} partition {p}: " + " | ".join(
+            bar.update()
+            bar.write(f"[table2] {name} partition {p}: " + " | ".join(
                 f"{METHOD_LABELS[m]} NMI {row[m]['best_nmi']:.3f} c-NNC {row[m]['best_cnnc']:.3f} "
                 f"{row[m]['seconds']:.2f} s ({row[m]['n_clusterings']} distinct of {row[m]['n_values']} runs)"
-                for m in METHODS), flush=True)
+                for m in METHODS))
         summary = {m: {"best_nmi": stats(r[m]["best_nmi"] for r in rows),
                        "best_cnnc": stats(r[m]["best_cnnc"] for r in rows),
                        "seconds": stats(r[m]["seconds"] for r in rows),
@@ -358,6 +361,7 @@ def cmd_table2(args, run, bw):
         print_table2_line(name, summary)
         if name == PATH_PLOT_SET:
             print(f"[table2] path plot: {plot_path(run.path, name)}", flush=True)
+    bar.close()
 
 
 def print_table2_line(name, summary):
@@ -392,12 +396,14 @@ def _search_row(result, seconds, true):
 
 def cmd_table4(args, run, bw):
     device = run.device
+    bar = progress_bar(len(args.sets) * args.repeats, desc="table4", unit="repeat", enabled=args.progress)
     for name in args.sets:
         X, y, description = load_set(name)
         n, k = X.shape[0], int(y.max()) + 1
         sigma0 = squared_distance_percentile(X, 1.0)
         rows, skipped = [], []
         for r in range(args.repeats):
+            bar.update()
             sigma = sigma0
             labels = converge(X, k, random_partition(n, k, seed=1000 + r), sigma, device)
             for it in range(args.chain):
@@ -484,6 +490,7 @@ def cmd_fig1(args, run, bw):
     device = run.device
     # score every clustering of a search from one neighbour sort (kept order: n (n - 1) int32)
     _cnnc.KEEP_ORDER_BYTES_CPU = _cnnc.KEEP_ORDER_BYTES_GPU = int(args.cnnc_keep_bytes)
+    bar = progress_bar(len(args.sizes) * args.runs, desc="fig1", unit="run", enabled=args.progress)
     for n in args.sizes:
         kept = n * (n - 1) * 4 if n * (n - 1) * 4 <= args.cnnc_keep_bytes else 0
         need = 2 * n * n * 4 + kept + n * 784 * 8 * 3  # K and K' (or K and -D/2) in float32, the kept order, X
@@ -501,6 +508,7 @@ def cmd_fig1(args, run, bw):
         sigma0_seconds = time.perf_counter() - t0
         rows = []
         for r in range(args.runs):
+            bar.update()
             labels0 = random_partition(n, k, seed=r)
             row = {"run": r}
             for method in METHODS:
@@ -554,6 +562,7 @@ def cmd_fig1(args, run, bw):
         reason = _backend.cuda_unavailable_reason() or "this run was asked for the CPU"
         run.add({"id": "fig1-cuda", "benchmark": "fig1", "n": None,
                  "skipped": f"GPU section not run: {reason}", "command": GPU_FIG1_COMMAND})
+    bar.close()
     print(f"[fig1] plot: {plot_fig1(run.path)}")
 
 
@@ -736,6 +745,8 @@ def main(argv=None):
                        help="numba and BLAS threads (default 0: leave them as they are). On a machine shared with "
                             "other busy processes 1 avoids oversubscription, which slows small parallel regions by "
                             "an order of magnitude")
+        p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
+                       help="a progress bar over the table's runs (default: on when stderr is a terminal)")
         p.add_argument("--quick", action="store_true",
                        help="smoke run: 2 partitions, 2 repeats, 1 fig1 run at n = 1000, 2000 (not for committing)")
         if table2 or table4:

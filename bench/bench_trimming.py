@@ -54,6 +54,7 @@ except ImportError:  # benchmark the working tree this folder belongs to
 import kkmgpu  # noqa: E402
 from kkmgpu import _backend, _lloyd, _sparse, datasets  # noqa: E402
 from kkmgpu.metrics import nmi  # noqa: E402
+from kkmgpu._progress import progress_bar  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-trimming/1"
 DEFAULT_RESULTS_DIR = BENCH_DIR / "results"
@@ -301,15 +302,19 @@ def sample_size(text):
 
 def cmd_table1(args, run):
     X, y = load_mnist(args.n)
-    for name in args.kernels:
-        kernel_case(run, name, X, y, args.runs, args.max_size)
+    with progress_bar(len(args.kernels), desc="table1", unit="kernel", enabled=args.progress) as bar:
+        for name in args.kernels:
+            kernel_case(run, name, X, y, args.runs, args.max_size)
+            bar.update()
 
 
 def cmd_literal(args, run):
     X, y = load_mnist(args.n)
-    for name in args.kernels:
-        for max_size in (1.0, 0.5):
-            kernel_case(run, name, X, y, args.runs, max_size, do_baseline=max_size == 1.0)
+    with progress_bar(2 * len(args.kernels), desc="literal", unit="case", enabled=args.progress) as bar:
+        for name in args.kernels:
+            for max_size in (1.0, 0.5):
+                kernel_case(run, name, X, y, args.runs, max_size, do_baseline=max_size == 1.0)
+                bar.update()
 
 
 def cmd_figure3(args, run):
@@ -358,6 +363,8 @@ def main(argv=None):
         p.add_argument("--kernels", nargs="+", default=default_kernels, choices=sorted(KERNELS))
         p.add_argument("--max-size", type=float, default=kkmgpu.trimming.DEFAULT_MAX_SIZE)
         p.add_argument("--results-dir", default=None)
+        p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
+                       help="a progress bar over the kernels (default: on when stderr is a terminal)")
     p = sub.add_parser("figure3")
     p.add_argument("--device", default=os.environ.get("KKMGPU_BENCH_TRIM_DEVICE") or default_device())
     p.add_argument("--results-dir", default=None)

@@ -51,6 +51,7 @@ import numpy as np
 import kkmgpu
 from kkmgpu import datasets
 from kkmgpu._backend import import_cupy, resolve_device
+from kkmgpu._progress import check_progress, progress_bar
 
 __all__ = ["METRICS", "Dataset", "Method", "add_arguments", "evaluate", "load_dataset", "make_blobs", "methods",
            "run_comparison", "run_from_args", "write_outputs"]
@@ -445,9 +446,12 @@ def shared_gamma(X) -> float:
 # ------------------------------------------------------------------------------------------- the runs
 
 
-def _log(verbose, text):
+def _log(verbose, text, bar=None):
     if verbose:
-        print(text, flush=True)
+        if bar is None:
+            print(text, flush=True)
+        else:
+            bar.write(text)
 
 
 def _warm_up(selected, device):
@@ -462,20 +466,22 @@ def _warm_up(selected, device):
                 pass
 
 
-def _run_one(method, X, y, k, ctx, *, K, metric_device, section, dataset, seed, verbose, extra=None):
+def _run_one(method, X, y, k, ctx, *, K, metric_device, section, dataset, seed, verbose, extra=None, bar=None):
     row = {"section": section, "dataset": dataset, "n": int(X.shape[0]), "d": int(X.shape[1]), "k": int(k),
            "method": method.name, "seed": seed, "gamma": ctx.gamma, "time_s": float("nan"),
            **{m: float("nan") for m in METRICS}, "note": "", **(extra or {})}
+    if bar is not None:
+        bar.set_postfix_str(f"{dataset}: {method.name}")
     t0 = time.perf_counter()
     try:
         labels = np.asarray(method.run(X, k, ctx))
     except Unavailable as exc:
         row["note"] = f"not available: {exc}"
-        _log(verbose, f"  {method.name:<22} {row['note']}")
+        _log(verbose, f"  {method.name:<22} {row['note']}", bar)
         return row, None
     except Exception as exc:  # one failing method must not end the comparison; the row says what happened
         row["note"] = f"error: {type(exc).__name__}: {exc}"
-        _log(verbose, f"  {method.name:<22} {row['note']}")
+        _log(verbose, f"  {method.name:<22} {row['note']}", bar)
         return row, None
     row["time_s"] = time.perf_counter() - t0
     values, notes = evaluate(X, y, labels, K=K, device=metric_device)
@@ -483,7 +489,7 @@ def _run_one(method, X, y, k, ctx, *, K, metric_device, section, dataset, seed, 
     row["n_clusters_found"] = int(np.unique(labels).size)
     row["note"] = "; ".join(notes)
     _log(verbose, f"  {method.name:<22} {row['time_s']:8.3f} s   NMI {row['nmi']:.3f}   ARI {row['ari']:.3f}   "
-                  f"silhouette {row['silhouette']:.3f}")
+                  f"silhouette {row['silhouette']:.3f}", bar)
     return row, labels
 
 
@@ -492,7 +498,7 @@ def _kernel_for_objective(X, gamma, device):
 
 
 def run_comparison(*, dataset_names=None, method_names=None, scenarios=True, quick=False, seeds=None,
-                   device="auto", data_dir=None, verbose=True):
+                   device="auto", data_dir=None, verbose=True, progress=False):
     """Run the comparison; returns the report dict that :func:`write_outputs` writes.
 
     Parameters
@@ -512,7 +518,9 @@ def run_comparison(*, dataset_names=None, method_names=None, scenarios=True, qui
     data_dir : path, optional
         The shared data folder (with ``shapes/``, ``uci/``, ``mnist/``); by default kkmgpu's search path.
     verbose : bool, default=True
-        Print progress, one line per run.
+        Print one line per run.
+    progress : bool, default=False
+        Show a progress bar over all runs (tqdm when installed, plain lines otherwise).
 
     Returns
     -------
@@ -536,6 +544,7 @@ def run_comparison(*, dataset_names=None, method_names=None, scenarios=True, qui
         seeds = 1 if quick else 3
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds={seeds!r} must be an integer >= 1.")
+    progress = check_progress(progress)
     names = list(dataset_names) if dataset_names is not None else list(QUICK_DATASETS if quick else DEFAULT_DATASETS)
     for name in names:
         _check_dataset_name(name)
@@ -554,37 +563,42 @@ def run_comparison(*, dataset_names=None, method_names=None, scenarios=True, qui
             selected.append(method)
     _warm_up(selected, backend.name)
 
-    rows, pictures = [], {}
-    for name in names:
-        try:
-            data = load_dataset(name, data_dir)
-        except Unavailable as exc:
-            skipped.append(f"data set {name}: {exc}")
-            _log(verbose, f"[compare] skipping data set {name}: {exc}")
-            continue
-        gamma = shared_gamma(data.X)
-        _log(verbose, f"[compare] {name} ({data.X.shape[0]} x {data.X.shape[1]}, k={data.k}, gamma={gamma:.4g}), "
-                      f"load average {_load_average()}")
-        K = _kernel_for_objective(data.X, gamma, backend.name)
-        ctx = Context(gamma=gamma, seed=0, device=backend.name)
-        for method in selected:
-            row, labels = _run_one(method, data.X, data.y, data.k, ctx, K=K, metric_device=metric_device,
-                                   section="datasets", dataset=name, seed=0, verbose=verbose)
-            rows.append(row)
-            if data.X.shape[1] == 2 and labels is not None:
-                pictures.setdefault(name, {"X": data.X, "labels": {}})["labels"][method.name] = labels
-        del K
-
-    scenario_config = {}
+    scenario_config, points = {}, []
     if scenarios:
         grow_n = QUICK_SCENARIO_N if quick else SCENARIO_N
         grow_d = QUICK_SCENARIO_D if quick else SCENARIO_D
         scenario_config = {"growing_n": {**grow_n, "seeds": seeds}, "growing_d": {**grow_d, "seeds": seeds}}
         points = [("growing_n", n, grow_n["d"], grow_n["k"]) for n in grow_n["sizes"]]
         points += [("growing_d", grow_d["n"], d, grow_d["k"]) for d in grow_d["dims"]]
+
+    rows, pictures = [], {}
+    total = len(selected) * (len(names) + len(points) * seeds)
+    with progress_bar(total, desc="compare", unit="run", enabled=progress) as bar:
+        for name in names:
+            try:
+                data = load_dataset(name, data_dir)
+            except Unavailable as exc:
+                skipped.append(f"data set {name}: {exc}")
+                _log(verbose, f"[compare] skipping data set {name}: {exc}", bar)
+                bar.update(len(selected))
+                continue
+            gamma = shared_gamma(data.X)
+            _log(verbose, f"[compare] {name} ({data.X.shape[0]} x {data.X.shape[1]}, k={data.k}, "
+                          f"gamma={gamma:.4g}), load average {_load_average()}", bar)
+            K = _kernel_for_objective(data.X, gamma, backend.name)
+            ctx = Context(gamma=gamma, seed=0, device=backend.name)
+            for method in selected:
+                row, labels = _run_one(method, data.X, data.y, data.k, ctx, K=K, metric_device=metric_device,
+                                       section="datasets", dataset=name, seed=0, verbose=verbose, bar=bar)
+                rows.append(row)
+                bar.update()
+                if data.X.shape[1] == 2 and labels is not None:
+                    pictures.setdefault(name, {"X": data.X, "labels": {}})["labels"][method.name] = labels
+            del K
+
         for section, n, d, k in points:
             _log(verbose, f"[compare] scenario {section}: n={n}, d={d}, k={k}, {seeds} seed(s), "
-                          f"load average {_load_average()}")
+                          f"load average {_load_average()}", bar)
             for seed in range(seeds):
                 X, y = make_blobs(n, d, k, seed=1000 * seed + 17)
                 gamma = shared_gamma(X)
@@ -592,7 +606,8 @@ def run_comparison(*, dataset_names=None, method_names=None, scenarios=True, qui
                 ctx = Context(gamma=gamma, seed=seed, device=backend.name)
                 for method in selected:
                     rows.append(_run_one(method, X, y, k, ctx, K=K, metric_device=metric_device, section=section,
-                                         dataset=f"blobs-n{n}-d{d}", seed=seed, verbose=verbose)[0])
+                                         dataset=f"blobs-n{n}-d{d}", seed=seed, verbose=verbose, bar=bar)[0])
+                    bar.update()
                 del K
 
     return {
@@ -967,8 +982,15 @@ def add_arguments(parser):
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="write no PNG plots")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
                         help="where kkmgpu's methods and the metrics run (default: auto)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--quiet", action="store_true", help="no per-run lines")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="a progress bar over the runs (default: on when stderr is a terminal)")
     return parser
+
+
+def _progress_default(flag):
+    """``--progress`` / ``--no-progress`` as given, otherwise on exactly when stderr is a terminal."""
+    return bool(sys.stderr.isatty()) if flag is None else bool(flag)
 
 
 def _name_list(text):
@@ -980,7 +1002,7 @@ def run_from_args(args):
     verbose = not args.quiet
     report = run_comparison(dataset_names=args.datasets, method_names=args.methods, scenarios=args.scenarios,
                             quick=args.quick, seeds=args.seeds, device=args.device, data_dir=args.data_dir,
-                            verbose=verbose)
+                            verbose=verbose, progress=_progress_default(args.progress))
     report["argv"] = sys.argv[1:]
     paths = write_outputs(report, args.out, args.prefix, plots=args.plots, verbose=verbose)
     for path in paths:

@@ -1,0 +1,105 @@
+"""Progress bars for long work: tqdm when it is installed, a plain line printer otherwise.
+
+Every long loop of the library (the bandwidth search, ``compare``, the tiled engine's passes, CATS iterations, the
+benchmark tables) reports through :func:`progress_bar`, so one switch turns them on: ``progress=True`` in Python,
+on by default in the CLI when stderr is a terminal. tqdm is optional (``pip install kkmgpu[progress]``); without it
+the fallback prints one line per tenth of the work (and at most one every two seconds) to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+__all__ = ["progress_bar", "check_progress"]
+
+
+def check_progress(progress) -> bool:
+    """``progress`` must be a bool (numpy bools too); anything else is an error, not a silent truthiness test."""
+    if isinstance(progress, bool) or type(progress).__name__ == "bool_":
+        return bool(progress)
+    raise TypeError(f"progress={progress!r} must be True or False.")
+
+
+class _Silent:
+    """The bar when progress is off: every call does nothing."""
+
+    def update(self, n=1):
+        pass
+
+    def set_postfix_str(self, text):
+        pass
+
+    def write(self, text):
+        """Print a line without breaking the bar (tqdm's ``write``)."""
+        print(text, flush=True)
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class _PlainBar(_Silent):
+    """A tqdm-like bar without tqdm: a line at every tenth of ``total`` (at most one per ``min_interval`` s)."""
+
+    def __init__(self, total, desc, unit, file, min_interval=2.0):
+        self.total = None if total is None else int(total)
+        self.desc, self.unit, self.file = desc, unit, file
+        self.n, self.postfix = 0, ""
+        self.start = self._last_print = time.perf_counter()
+        self.min_interval = min_interval
+        self._last_tenth = 0
+        self._closed = False
+
+    def _line(self):
+        elapsed = time.perf_counter() - self.start
+        if self.total:
+            done = f"{self.n}/{self.total} {self.unit} ({100.0 * self.n / self.total:3.0f}%)"
+        else:
+            done = f"{self.n} {self.unit}"
+        extra = f", {self.postfix}" if self.postfix else ""
+        return f"{self.desc}: {done}, {elapsed:.1f} s{extra}"
+
+    def update(self, n=1):
+        self.n += n
+        now = time.perf_counter()
+        tenth = 10 * self.n // self.total if self.total else self._last_tenth + 1
+        if tenth > self._last_tenth and now - self._last_print >= self.min_interval:
+            self._last_tenth, self._last_print = tenth, now
+            print(self._line(), file=self.file, flush=True)
+
+    def set_postfix_str(self, text):
+        self.postfix = str(text)
+
+    def close(self):
+        if not self._closed:
+            self._closed = True
+            print(self._line(), file=self.file, flush=True)
+
+
+def progress_bar(total=None, *, desc: str, enabled: bool, unit: str = "it", file=None):
+    """A progress bar over ``total`` steps (``None``: unknown), or a silent stand-in when not ``enabled``.
+
+    The object has tqdm's ``update(n=1)``, ``set_postfix_str(text)``, ``write(text)`` and ``close()``, and is a
+    context manager.
+
+    Examples
+    --------
+    >>> with progress_bar(3, desc="demo", enabled=False) as bar:
+    ...     for _ in range(3):
+    ...         bar.update()
+    """
+    if not enabled:
+        return _Silent()
+    file = sys.stderr if file is None else file
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _PlainBar(total, desc, unit, file)
+    return tqdm(total=total, desc=desc, unit=unit, file=file, dynamic_ncols=True, leave=True)
