@@ -12,6 +12,7 @@ from . import _kernels, _validation
 from ._backend import gemm_precision, memory_situation, resolve_device
 from . import _cats, _eigen, _sparse, trimming
 from ._lloyd import DenseKernelOperator, run_restarts
+from ._progress import active as progress_active, check_progress, progress_bar, scope as progress_scope
 from ._tiled import TiledKernelOperator, choose_engine
 from ._result import KernelKMeansResult
 
@@ -85,7 +86,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         sample_weight=None, random_state=None, verbose=False, keep_on_device=False,
         update="auto", n_samples_per_cluster=None, window=None, theta=None, rcond=None,
         exact_objective=False, n_components=None, engine="auto", tf32=False, trim_vote_fraction=None,
-        trim_slack=None, trim_h=None, trim_max_size=None) -> KernelKMeansResult:
+        trim_slack=None, trim_h=None, trim_max_size=None, progress=False) -> KernelKMeansResult:
     """Cluster the rows of X into k clusters with kernel k-means.
 
     Lloyd iterations on the kernel matrix (papers' Eq. 3-4): every point moves to the cluster whose
@@ -158,6 +159,10 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         Seeds initialisation; the same seed gives the same labels on the same backend.
     verbose : bool, default=False
         Print the kernel build and the objective at every iteration.
+    progress : bool, default=False
+        Show a progress bar (tqdm when installed, plain lines on stderr otherwise) over the
+        initialisations, with the iteration and objective; with ``engine="tiled"`` also one over the rows
+        of every pass; with ``gamma="search"`` one over the search's runs.
     keep_on_device : bool, default=False
         Return ``labels`` as a device (CuPy) array instead of NumPy int32.
     update : {"auto", "full", "incremental"}, default="auto"
@@ -232,11 +237,26 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     >>> float(kkmgpu.metrics.nmi(y, result.labels))
     1.0
     """
+    progress = check_progress(progress)
     if isinstance(gamma, str) and gamma == "search":  # the Off-the-grid search, then this fit at the best gamma
         call = {name: value for name, value in locals().items() if name not in ("X", "k", "gamma")}
         from .bandwidth import fit_with_search
 
         return fit_with_search(X, k, fit_kwargs=call)
+    with progress_scope(progress):
+        return _fit(X, k, kernel=kernel, gamma=gamma, degree=degree, coef0=coef0, kernel_params=kernel_params,
+                    method=method, device=device, dtype=dtype, init=init, n_init=n_init, max_iter=max_iter,
+                    tol=tol, sample_weight=sample_weight, random_state=random_state, verbose=verbose,
+                    keep_on_device=keep_on_device, update=update, n_samples_per_cluster=n_samples_per_cluster,
+                    window=window, theta=theta, rcond=rcond, exact_objective=exact_objective,
+                    n_components=n_components, engine=engine, tf32=tf32, trim_vote_fraction=trim_vote_fraction,
+                    trim_slack=trim_slack, trim_h=trim_h, trim_max_size=trim_max_size)
+
+
+def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, dtype, init, n_init, max_iter, tol,
+         sample_weight, random_state, verbose, keep_on_device, update, n_samples_per_cluster, window, theta, rcond,
+         exact_objective, n_components, engine, tf32, trim_vote_fraction, trim_slack, trim_h, trim_max_size):
+    """:func:`fit` after the bandwidth-search branch, inside the progress scope."""
     t_start = time.perf_counter()
     dt = _validation.check_dtype(dtype)
     max_iter, tol, n_init = _validation.check_params(method=method, max_iter=max_iter, tol=tol,
@@ -428,6 +448,22 @@ def _fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, ma
         _within=best.within.copy(), _n_train=n, _eigen_state=state)
 
 
+class _CatsProgress:
+    """CATS's per-iteration callback drawn on a bar over the initialisations."""
+
+    def __init__(self, bar):
+        self.bar, self.restart = bar, 0
+
+    def __call__(self, step):
+        restart = step["restart"] or 0
+        if restart != self.restart:
+            self.bar.update(restart - self.restart)
+            self.restart = restart
+        prefix = "" if step["restart"] is None else f"init {restart}, "
+        self.bar.set_postfix_str(f"{prefix}iteration {step['iteration']}/{step['max_iter']}: "
+                                 f"distortion {step['distortion']:.6g}, {step['moved']} moved")
+
+
 def _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, rng, verbose,
               keep_on_device, params, want_exact, t_start, t_valid):
     """fit(method="cats"): sampled-centroid iterations on features (or on a given K), no n x n matrix."""
@@ -438,9 +474,12 @@ def _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max
         source_array = _kernels.prepare_features(X, spec, backend, _validation.compute_dtype(dt))
     source = _cats.KernelSource(source_array, spec, backend)
     t_prepared = backend.timer()
-    best, runs, init_seconds, diag = _cats.run_restarts(
-        source, weights_h, k, init=init, n_init=n_init, max_iter=max_iter, window=params["window"],
-        theta=params["theta"], rcond=params["rcond"], l=params["l"], rng=rng, verbose=verbose)
+    with progress_bar(n_init, desc="CATS", unit="init", enabled=progress_active()) as bar:
+        best, runs, init_seconds, diag = _cats.run_restarts(
+            source, weights_h, k, init=init, n_init=n_init, max_iter=max_iter, window=params["window"],
+            theta=params["theta"], rcond=params["rcond"], l=params["l"], rng=rng, verbose=verbose,
+            callback=_CatsProgress(bar))
+        bar.update(n_init - bar.n)
     t_iter = backend.timer()
     labels_h = backend.to_host(best.labels).astype(np.int32)
     exact = _cats.exact_objective(source, labels_h, weights_h, k, diag=diag) if want_exact else None

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._backend import Backend
+from . import _progress
+from ._progress import progress_bar
 
 
 class ConvergenceWarning(UserWarning):
@@ -159,14 +161,15 @@ FULL_REFRESH_EVERY = 16
 
 
 def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, restart=None,
-          update="auto") -> LloydRun:
+          update="auto", bar=None) -> LloydRun:
     """Kernel k-means iterations from ``init_labels`` (device int32) until no label moves,
     the relative objective change is <= tol, or max_iter assignment steps.
 
     ``update``: how S follows an assignment step. "auto" updates it from the moved points when that
     reads fewer bytes of K than a full pass (and the operator supports it), "incremental" always
     does, "full" never does; either way S is recomputed in full after FULL_REFRESH_EVERY
-    incremental steps in a row.
+    incremental steps in a row. ``bar`` (a :func:`kkmgpu._progress.progress_bar`) shows the iteration,
+    objective and moved points.
     """
     backend = operator.backend
     xp = backend.xp
@@ -211,6 +214,9 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
         labels = new_labels
         sizes, within, new_objective = _totals(operator, S, labels, k, xp)
         history.append(new_objective)
+        if bar is not None:
+            bar.set_postfix_str(f"{'' if restart is None else f'init {restart}, '}iteration {n_iter}: "
+                                f"objective {new_objective:.6g}, {n_changed} moved")
         if verbose:
             print(f"{prefix}iteration {n_iter}: objective {new_objective:.10g}, {n_changed} points moved")
         done = abs(objective - new_objective) <= tol * abs(objective)
@@ -286,30 +292,47 @@ def initial_labels(init, n, k, rng, seeding_rows):
     return np.asarray(init, dtype=np.int32)
 
 
-def run_restarts(operator, k, *, init, n_init, max_iter, tol, rng, verbose, update="auto"):
-    """Run Lloyd from ``n_init`` initialisations; keep the lowest objective. Returns (best, seconds list)."""
+def run_restarts(operator, k, *, init, n_init, max_iter, tol, rng, verbose, update="auto", progress=None):
+    """Run Lloyd from ``n_init`` initialisations; keep the lowest objective. Returns (best, seconds list).
+
+    ``progress``: a bar over the initialisations, its text following each iteration (None: as the
+    enclosing :func:`kkmgpu._progress.scope` says, i.e. ``fit(progress=...)``).
+    """
+    progress = _progress.active() if progress is None else progress
+    runs = []
+    with progress_bar(n_init, desc="kernel k-means", unit="init", enabled=progress) as bar:
+        best, init_seconds = _restarts(operator, k, init, n_init, max_iter, tol, rng, verbose, update, bar, runs)
+    return _finish_restarts(best, runs, init_seconds, k, max_iter, tol)
+
+
+def _restarts(operator, k, init, n_init, max_iter, tol, rng, verbose, update, bar, runs):
     best = None
     init_seconds = 0.0
-    runs = []
     for r in range(n_init):
         t0 = time.perf_counter()
         labels0 = initial_labels(init, operator.n, k, rng, operator)
         init_seconds += time.perf_counter() - t0
         run = lloyd(operator, labels0, k, max_iter=max_iter, tol=tol, verbose=verbose, update=update,
-                    restart=r if n_init > 1 else None)
+                    restart=r if n_init > 1 else None, bar=bar)
+        bar.update()
         runs.append(run)
         if verbose and n_init > 1:
             print(f"[kkmgpu] init {r}: objective {run.objective:.10g} after {run.n_iter} iterations")
         if best is None or run.objective < best.objective:
             best = run
+    return best, init_seconds
+
+
+def _finish_restarts(best, runs, init_seconds, k, max_iter, tol):
+    """The warnings of :func:`run_restarts` (stacklevel: the caller of the public function that ran it)."""
     if not best.converged:
         warnings.warn(f"kernel k-means did not converge in max_iter={max_iter} iterations "
                       f"(last relative objective change above tol={tol:g}); increase max_iter.",
-                      ConvergenceWarning, stacklevel=3)
+                      ConvergenceWarning, stacklevel=4)
     if best.n_distinct < k:
         warnings.warn(f"Number of distinct clusters ({best.n_distinct}) found smaller than "
                       f"n_clusters ({k}): their centres coincide in feature space. Possibly due to duplicate "
                       "points in X, or to a kernel that does not separate the points (numerically constant on "
                       "these data, e.g. an rbf or laplacian gamma far too small: see UninformativeKernelWarning).",
-                      ConvergenceWarning, stacklevel=3)
+                      ConvergenceWarning, stacklevel=4)
     return best, runs, init_seconds

@@ -8,10 +8,29 @@ the fallback prints one line per tenth of the work (and at most one every two se
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
 import time
 
-__all__ = ["progress_bar", "check_progress"]
+__all__ = ["progress_bar", "check_progress", "scope", "active"]
+
+_ACTIVE = contextvars.ContextVar("kkmgpu_progress", default=False)
+
+
+@contextlib.contextmanager
+def scope(enabled: bool):
+    """Within the block, :func:`active` is ``enabled``: how ``fit(progress=True)`` reaches its inner loops."""
+    token = _ACTIVE.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> bool:
+    """Whether the innermost :func:`scope` asked for progress bars (False outside any)."""
+    return _ACTIVE.get()
 
 
 def check_progress(progress) -> bool:
@@ -23,6 +42,8 @@ def check_progress(progress) -> bool:
 
 class _Silent:
     """The bar when progress is off: every call does nothing."""
+
+    n = 0
 
     def update(self, n=1):
         pass
@@ -48,14 +69,17 @@ class _Silent:
 class _PlainBar(_Silent):
     """A tqdm-like bar without tqdm: a line at every tenth of ``total`` (at most one per ``min_interval`` s)."""
 
-    def __init__(self, total, desc, unit, file, min_interval=2.0):
+    MIN_INTERVAL = 2.0  # seconds between lines
+
+    def __init__(self, total, desc, unit, file, min_interval=None, leave=True):
         self.total = None if total is None else int(total)
         self.desc, self.unit, self.file = desc, unit, file
         self.n, self.postfix = 0, ""
         self.start = self._last_print = time.perf_counter()
-        self.min_interval = min_interval
+        self.min_interval = self.MIN_INTERVAL if min_interval is None else min_interval
         self._last_tenth = 0
         self._closed = False
+        self.leave = leave
 
     def _line(self):
         elapsed = time.perf_counter() - self.start
@@ -80,11 +104,15 @@ class _PlainBar(_Silent):
     def close(self):
         if not self._closed:
             self._closed = True
-            print(self._line(), file=self.file, flush=True)
+            if self.leave or self._last_tenth:  # a short bar that is not kept leaves no line at all
+                print(self._line(), file=self.file, flush=True)
 
 
-def progress_bar(total=None, *, desc: str, enabled: bool, unit: str = "it", file=None):
+def progress_bar(total=None, *, desc: str, enabled: bool, unit: str = "it", file=None, leave: bool = True):
     """A progress bar over ``total`` steps (``None``: unknown), or a silent stand-in when not ``enabled``.
+
+    ``leave=False``: the bar disappears when done (tqdm), or prints nothing if it never printed (fallback);
+    for inner loops such as one pass of the tiled engine.
 
     The object has tqdm's ``update(n=1)``, ``set_postfix_str(text)``, ``write(text)`` and ``close()``, and is a
     context manager.
@@ -101,5 +129,5 @@ def progress_bar(total=None, *, desc: str, enabled: bool, unit: str = "it", file
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        return _PlainBar(total, desc, unit, file)
-    return tqdm(total=total, desc=desc, unit=unit, file=file, dynamic_ncols=True, leave=True)
+        return _PlainBar(total, desc, unit, file, leave=leave)
+    return tqdm(total=total, desc=desc, unit=unit, file=file, dynamic_ncols=True, leave=leave)

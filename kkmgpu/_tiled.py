@@ -22,6 +22,8 @@ import numpy as np
 
 from . import _kernels
 from ._backend import Backend, _format_bytes, gemm_precision
+from . import _progress
+from ._progress import progress_bar
 
 __all__ = ["TiledKernelOperator", "choose_engine", "dense_fits", "tiled_ops"]
 
@@ -97,10 +99,13 @@ class TiledKernelOperator:
         ``total_diag`` then refer to those rows.
     verbose : bool, default=False
         Print the progress of every full pass (about every 10% of its tiles): a pass can take minutes.
+    progress : bool, optional
+        A progress bar over the rows of every full pass (gone when the pass ends); default: as
+        ``fit(progress=...)`` says.
     """
 
     def __init__(self, A, spec, weights, backend: Backend, *, tile_rows=None, tf32=False, row_range=None,
-                 verbose=False):
+                 verbose=False, progress=None):
         if spec.name == "precomputed":
             raise ValueError("the tiled engine computes K from features; kernel='precomputed' has none.")
         xp = backend.xp
@@ -109,6 +114,7 @@ class TiledKernelOperator:
         self.r0, self.r1 = (0, self.n) if row_range is None else (int(row_range[0]), int(row_range[1]))
         self.tf32 = bool(tf32)
         self.verbose = bool(verbose)
+        self.progress = _progress.active() if progress is None else bool(progress)
         self.ops = tiled_ops(backend)
         self.kind = 0 if spec.name == "callable" else _kernels.EPILOGUE_CODES[spec.name]
         self.sq = (A * A).sum(axis=1) if spec.name in _DISTANCE else None
@@ -184,6 +190,7 @@ class TiledKernelOperator:
         S = xp.zeros((self.r1 - self.r0, k), dtype=xp.float64)
         rows = self.r1 - self.r0
         step = max(1, rows // 10)
+        bar = progress_bar(rows, desc="tiled pass", unit="row", enabled=self.progress, leave=False)
         for i0, i1, buffer in self._tiles(self.n):
             G, kind = self._inner(i0, i1, cols, buffer)
             self.ops.tile_cluster_sums(G, None if self.sq is None else self.sq[i0:i1], col_sq, kind,
@@ -191,6 +198,8 @@ class TiledKernelOperator:
                                        S[i0 - self.r0:i1 - self.r0])
             if self.verbose and ((i1 - self.r0) // step > (i0 - self.r0) // step or i1 == self.r1):
                 print(f"[kkmgpu] tiled pass: {i1 - self.r0} of {rows} rows")
+            bar.update(i1 - i0)
+        bar.close()
         return S
 
     def incremental_cost(self, n_moved):

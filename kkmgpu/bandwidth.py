@@ -33,6 +33,7 @@ import numpy as np
 from . import _offgrid, _validation
 from ._backend import check_fits, memory_advice, resolve_device
 from ._lloyd import DenseKernelOperator, _argsort_stable, initial_labels, lloyd
+from ._progress import check_progress, progress_bar
 
 __all__ = [
     "BandwidthClustering",
@@ -543,8 +544,9 @@ def _canonical(labels_h):
 class _Recorder:
     """Distinct clusterings with their scores, the evaluations, costs and timings of one search."""
 
-    def __init__(self, X, k, backend, y_true, method, parameter):
+    def __init__(self, X, k, backend, y_true, method, parameter, bar=None):
         self.X = X
+        self.bar = progress_bar(desc="", enabled=False) if bar is None else bar
         self.k = k
         self.backend = backend
         self.y_true = y_true
@@ -592,6 +594,10 @@ class _Recorder:
         index = self.keys[key]
         self.evaluations.append({"value": float(value), "clustering": index, "depth": int(depth),
                                  "seconds": float(seconds), "new": new})
+        self.bar.update()
+        best = self.clusterings[self.best_index()]
+        self.bar.set_postfix_str(f"{self.parameter} {value:.4g}, {len(self.clusterings)} clusterings, "
+                                 f"best c-NNC {best.cnnc:.4f}")
         return index
 
     def best_index(self):
@@ -604,6 +610,7 @@ class _Recorder:
         self.costs["limited_checks_decisive"] += question.n_limited_decisive
 
     def result(self, initial_labels, start, n, device, dtype, t_start):
+        self.bar.close()
         self.timings["total"] = time.perf_counter() - t_start
         if self.warnings:
             from ._lloyd import ConvergenceWarning
@@ -1016,7 +1023,8 @@ def binary_search_critical_bandwidth(X=None, labels=None, *, K=None, D=None, sig
 
 def search_bandwidth(X, k, *, sigma0="percentile", depth=1, refine_depth=2, max_values=50, init="random",
                      sample_weight=None, y_true=None, max_iter=300, tol=1e-6, random_state=None, device="auto",
-                     dtype="float64", limit_checks=True, max_sigma=None, verbose=False) -> BandwidthSearchResult:
+                     dtype="float64", limit_checks=True, max_sigma=None, verbose=False,
+                     progress=False) -> BandwidthSearchResult:
     """The Off-the-grid search (paper §7.1): every distinct kernel k-means clustering along the critical
     bandwidths, scored by c-NNC, refined around the best.
 
@@ -1060,6 +1068,9 @@ def search_bandwidth(X, k, *, sigma0="percentile", depth=1, refine_depth=2, max_
     max_sigma : float, optional
         Do not probe beyond this bandwidth.
     verbose : bool
+        Print every step of the search.
+    progress : bool, default=False
+        A progress bar over the kernel k-means runs (of at most ``max_values``); tqdm when installed.
 
     Returns
     -------
@@ -1105,7 +1116,8 @@ def search_bandwidth(X, k, *, sigma0="percentile", depth=1, refine_depth=2, max_
     backend, dt, rng, X, n, k, weights_h, init, y_true = _prepare(X, k, device, dtype, sample_weight, y_true,
                                                                    random_state, init)
     xp = backend.xp
-    rec = _Recorder(X, k, backend, y_true, "offgrid", "sigma")
+    rec = _Recorder(X, k, backend, y_true, "offgrid", "sigma",
+                    progress_bar(max_values, desc="bandwidth search", unit="run", enabled=check_progress(progress)))
     with backend.activate():
         A0 = _offgrid.centered_features(X, backend)
         if sigma0 == "percentile":
@@ -1200,7 +1212,7 @@ def search_bandwidth(X, k, *, sigma0="percentile", depth=1, refine_depth=2, max_
 
 
 def _evaluate_sigmas(X, k, sigmas, method, *, init, sample_weight, y_true, max_iter, tol, random_state, device,
-                     dtype, verbose, t_start):
+                     dtype, verbose, t_start, progress=False):
     """Kernel k-means at each bandwidth from one initial partition (the baselines)."""
     backend, dt, rng, X, n, k, weights_h, init, y_true = _prepare(X, k, device, dtype, sample_weight, y_true,
                                                                    random_state, init)
@@ -1210,6 +1222,7 @@ def _evaluate_sigmas(X, k, sigmas, method, *, init, sample_weight, y_true, max_i
         A = _offgrid.centered_features(X, backend)
         if callable(sigmas):
             sigmas = sigmas(A, backend)
+        rec.bar = progress_bar(len(sigmas), desc=f"bandwidth {method}", unit="run", enabled=check_progress(progress))
         rec.timings["validation"] = time.perf_counter() - t_start
         weights = backend.asarray(weights_h)
         check_fits(n * n * dt.itemsize, backend, f"the {n} x {n} {dt.name} kernel matrix",
@@ -1244,7 +1257,8 @@ def _evaluate_sigmas(X, k, sigmas, method, *, init, sample_weight, y_true, max_i
 
 
 def search_grid(X, k, *, sigmas=GRID_SIGMAS, init="random", sample_weight=None, y_true=None, max_iter=300, tol=1e-6,
-                random_state=None, device="auto", dtype="float64", verbose=False) -> BandwidthSearchResult:
+                random_state=None, device="auto", dtype="float64", verbose=False,
+                progress=False) -> BandwidthSearchResult:
     """The paper's GRIDSEARCH baseline: kernel k-means at sigma = 10^-6, 10^-5, ..., 10^6 (13 values) from
     one initial partition, every distinct clustering scored by c-NNC (and NMI).
 
@@ -1277,7 +1291,7 @@ def search_grid(X, k, *, sigmas=GRID_SIGMAS, init="random", sample_weight=None, 
         raise ValueError("sigmas is empty; give at least one bandwidth.")
     return _evaluate_sigmas(X, k, sigmas, "grid", init=init, sample_weight=sample_weight, y_true=y_true,
                             max_iter=max_iter, tol=tol, random_state=random_state, device=device, dtype=dtype,
-                            verbose=verbose, t_start=t_start)
+                            verbose=verbose, t_start=t_start, progress=progress)
 
 
 def mknn_sigmas(X, n_neighbors=None, *, device="auto"):
@@ -1329,7 +1343,8 @@ def _mknn_sigmas(A, backend, n_neighbors=None):
 
 
 def search_mknn(X, k, *, n_neighbors=None, init="random", sample_weight=None, y_true=None, max_iter=300, tol=1e-6,
-                random_state=None, device="auto", dtype="float64", verbose=False) -> BandwidthSearchResult:
+                random_state=None, device="auto", dtype="float64", verbose=False,
+                progress=False) -> BandwidthSearchResult:
     """The paper's MKNN baseline: sigma from the mean distance to the j-th nearest neighbour, j = 1..J.
 
     J = int(2 (log n + 1)) unless ``n_neighbors`` is given; see :func:`mknn_sigmas` for the conversion to
@@ -1362,7 +1377,8 @@ def search_mknn(X, k, *, n_neighbors=None, init="random", sample_weight=None, y_
         n_neighbors = _validation.check_int(n_neighbors, "n_neighbors", minimum=1)
     return _evaluate_sigmas(X, k, lambda A, backend: _mknn_sigmas(A, backend, n_neighbors), "mknn", init=init,
                             sample_weight=sample_weight, y_true=y_true, max_iter=max_iter, tol=tol,
-                            random_state=random_state, device=device, dtype=dtype, verbose=verbose, t_start=t_start)
+                            random_state=random_state, device=device, dtype=dtype, verbose=verbose, t_start=t_start,
+                            progress=progress)
 
 
 # --- §6.3: the polynomial degree ----------------------------------------------------------------------------
@@ -1370,7 +1386,7 @@ def search_mknn(X, k, *, n_neighbors=None, init="random", sample_weight=None, y_
 def search_polynomial_degree(X, k, *, degree0=1, gamma=None, coef0=1.0, depth=None, integer_degrees=True,
                              max_degree=64, max_values=50, init="random", sample_weight=None, y_true=None,
                              max_iter=300, tol=1e-6, random_state=None, device="auto", dtype="float64",
-                             limit_checks=True, verbose=False) -> BandwidthSearchResult:
+                             limit_checks=True, verbose=False, progress=False) -> BandwidthSearchResult:
     """The Off-the-grid search over the degree d of the polynomial kernel (gamma <x, y> + coef0) ** d (§6.3).
 
     With B = K_1 (the base, element-wise), K_d' = B ** d' = K_d ** (d' / d): the same dyadic walk as for
@@ -1430,7 +1446,8 @@ def search_polynomial_degree(X, k, *, degree0=1, gamma=None, coef0=1.0, depth=No
         gamma = 1.0 / X.shape[1]
     gamma = _check_positive(gamma, "gamma")
     xp = backend.xp
-    rec = _Recorder(X, k, backend, y_true, "polynomial-degree", "degree")
+    rec = _Recorder(X, k, backend, y_true, "polynomial-degree", "degree",
+                    progress_bar(max_values, desc="degree search", unit="run", enabled=check_progress(progress)))
     with backend.activate():
         X64 = backend.asarray(X, dtype=np.float64)
         rec.timings["validation"] = time.perf_counter() - t_start
@@ -1539,7 +1556,7 @@ def fit_with_search(X, k, *, fit_kwargs):
     search = search_bandwidth(X, k, init=init, sample_weight=fit_kwargs.get("sample_weight"),
                               max_iter=fit_kwargs.get("max_iter", 300), tol=fit_kwargs.get("tol", 1e-6),
                               random_state=rng, device=fit_kwargs.get("device", "auto"), dtype=search_dtype,
-                              verbose=fit_kwargs.get("verbose", False))
+                              verbose=fit_kwargs.get("verbose", False), progress=fit_kwargs.get("progress", False))
     seconds = time.perf_counter() - t0
     best = search.best
     kwargs = dict(fit_kwargs)

@@ -128,7 +128,10 @@ def _build_parser():
                           "against it")
     fit.add_argument("--standardize", action="store_true",
                      help="scale every feature to zero mean and unit variance first")
-    fit.add_argument("--verbose", action="store_true", help="report progress per iteration")
+    fit.add_argument("--verbose", action="store_true", help="print the objective at every iteration")
+    fit.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="a progress bar over the initialisations (and the tiled engine's passes, the bandwidth "
+                          "search's runs); default: on when stderr is a terminal")
     fit.add_argument("-o", "--output", type=Path, default=None, metavar="LABELS.csv",
                      help="write the labels there, one integer in [0, K) per line")
     fit.set_defaults(handler=_run_fit)
@@ -199,6 +202,7 @@ def _run_fit(args):
         X, args.k, kernel=args.kernel, gamma=args.gamma, degree=args.degree, coef0=args.coef0,
         device=args.device, dtype=args.dtype, init=args.init, n_init=args.n_init, max_iter=args.max_iter,
         random_state=args.seed, verbose=args.verbose, method=args.method,
+        progress=sys.stderr.isatty() if args.progress is None else args.progress,
         n_samples_per_cluster=args.samples_per_cluster, n_components=args.n_components,
         exact_objective=args.method == "cats" and X.shape[0] <= 50_000,
     )

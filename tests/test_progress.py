@@ -2,8 +2,11 @@
 
 import sys
 
+import numpy as np
+
 import pytest
 
+import kkmgpu
 from kkmgpu import _progress
 from kkmgpu._progress import check_progress, progress_bar
 
@@ -89,3 +92,63 @@ def test_compare_shows_a_bar_over_its_runs(monkeypatch, capsys, tqdm_installed):
     with pytest.raises(TypeError, match="progress="):
         compare.run_comparison(dataset_names=[], method_names=["kkmgpu-exact"], quick=True, device="cpu",
                                verbose=False, progress="on")
+
+
+def _blobs(n=300, k=3, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=6.0, size=(k, 4))
+    y = rng.integers(0, k, n)
+    return centres[y] + rng.normal(size=(n, 4)), y
+
+
+@pytest.mark.parametrize("method, extra", [("exact", {}), ("exact", {"engine": "tiled"}), ("cats", {}),
+                                           ("eigen", {}), ("trimmed", {})])
+def test_fit_progress_changes_nothing_but_stderr(monkeypatch, capsys, method, extra):
+    _without_tqdm(monkeypatch)
+    monkeypatch.setattr(_progress._PlainBar, "MIN_INTERVAL", 0.0)  # print every tenth at once
+    X, _ = _blobs()
+    quiet = kkmgpu.fit(X, 3, method=method, device="cpu", random_state=0, n_init=2, **extra)
+    capsys.readouterr()
+    shown = kkmgpu.fit(X, 3, method=method, device="cpu", random_state=0, n_init=2, progress=True, **extra)
+    out, err = capsys.readouterr()
+    np.testing.assert_array_equal(quiet.labels, shown.labels)
+    assert shown.objective == quiet.objective and out == ""
+    desc = "CATS" if method == "cats" else "kernel k-means"
+    assert f"{desc}: 2/2 init (100%)" in err
+    if extra.get("engine") == "tiled":
+        assert "tiled pass: " in err and "row" in err
+
+
+def test_fit_progress_is_off_by_default_and_checked(capsys):
+    X, _ = _blobs(60)
+    kkmgpu.fit(X, 3, device="cpu", random_state=0)
+    assert capsys.readouterr().err == ""
+    with pytest.raises(TypeError, match=r"progress='yes' must be True or False"):
+        kkmgpu.fit(X, 3, device="cpu", progress="yes")
+
+
+def test_search_progress_counts_its_runs(monkeypatch, capsys):
+    _without_tqdm(monkeypatch)
+    X, _ = _blobs(120)
+    result = kkmgpu.search_bandwidth(X, 3, device="cpu", random_state=0, max_values=6, progress=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    runs = len(result.evaluations)
+    assert 1 <= runs <= 6
+    assert err[-1].startswith(f"bandwidth search: {runs}/6 run") and "best c-NNC" in err[-1]
+    fitted = kkmgpu.fit(X, 3, gamma="search", device="cpu", random_state=0, dtype="float64", init="random",
+                        progress=True)
+    assert "bandwidth search:" in capsys.readouterr().err
+    assert fitted.method_params["sigma"] > 0
+
+
+def test_cli_progress_flag(monkeypatch, capsys, tmp_path):
+    from kkmgpu.cli import main
+
+    _without_tqdm(monkeypatch)
+    X, _ = _blobs(90)
+    path = tmp_path / "x.csv"
+    np.savetxt(path, X, delimiter=",")
+    assert main(["fit", str(path), "-k", "3", "--device", "cpu", "--progress"]) == 0
+    assert "kernel k-means: 1/1 init (100%)" in capsys.readouterr().err
+    assert main(["fit", str(path), "-k", "3", "--device", "cpu"]) == 0  # stderr is not a terminal here: no bar
+    assert "kernel k-means:" not in capsys.readouterr().err
