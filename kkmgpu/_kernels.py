@@ -230,7 +230,7 @@ def _fmt_pow2(bits: float) -> str:
     return f"2^{bits:.0f} (about 1e{bits * math.log10(2):.0f})"
 
 
-def with_center(spec: KernelSpec, X, xp, dtype=None, *, center_linear=True) -> KernelSpec:
+def with_center(spec: KernelSpec, X, xp, dtype=None, *, center_linear=True, stats=None) -> KernelSpec:
     """The spec with the centre and the scales its features and values need on the data X (n, d).
 
     * ``center``: the feature mean, for the translation-invariant kernels (linear, rbf, laplacian). The
@@ -242,6 +242,9 @@ def with_center(spec: KernelSpec, X, xp, dtype=None, *, center_linear=True) -> K
       precision ``dtype`` (default float32): the linear kernel (scale^2) and the polynomial kernel
       ((gamma <x, y> + coef0)^degree = b^degree ((gamma / b) <x, y> + coef0 / b)^degree).
 
+    ``stats``: (mean, max, min, total variance, n) of X's columns in float64 on the host, when X itself is not
+    at hand (``kkmgpu.dask`` computes them over the chunks); X is then ignored.
+
     Raises ValueError when the polynomial kernel's values exceed float64's range on these data.
     Polynomial and sigmoid (not translation invariant) warn with :class:`PrecisionWarning` when the
     data's mean is so large against their spread that the compute precision keeps fewer than about
@@ -251,10 +254,16 @@ def with_center(spec: KernelSpec, X, xp, dtype=None, *, center_linear=True) -> K
         return spec
     storage = np.dtype(np.float32 if dtype is None else dtype)
     compute = np.dtype(np.float32) if storage == np.float16 else storage
-    X = xp.asarray(X)
-    mean = X.mean(axis=0, dtype=xp.float64)
-    hi = X.max(axis=0).astype(xp.float64)
-    lo = X.min(axis=0).astype(xp.float64)
+    if stats is None:
+        X = xp.asarray(X)
+        mean = X.mean(axis=0, dtype=xp.float64)
+        hi = X.max(axis=0).astype(xp.float64)
+        lo = X.min(axis=0).astype(xp.float64)
+        n = X.shape[0]
+    else:
+        xp = np
+        mean, hi, lo, spread, n = (np.asarray(stats[0], dtype=np.float64), np.asarray(stats[1], dtype=np.float64),
+                                   np.asarray(stats[2], dtype=np.float64), float(stats[3]), int(stats[4]))
     centered = spec.name in CENTERED_KERNELS and (center_linear or spec.name != "linear")
     if centered:
         reach = xp.maximum(hi - mean, mean - lo)
@@ -265,7 +274,6 @@ def with_center(spec: KernelSpec, X, xp, dtype=None, *, center_linear=True) -> K
     if log_sq == math.inf:
         raise ValueError(f"X's range overflows float64 (max |x - center| = {float(reach.max()):.3g}); "
                          f"{spec.describe()} cannot be computed. Scale X.")
-    n = X.shape[0]
     upper = math.log2(storage_limit(compute, n))
     lower = math.log2(float(np.finfo(compute).tiny)) + FLOOR_BITS
     scale_bits = 0
@@ -304,15 +312,16 @@ def with_center(spec: KernelSpec, X, xp, dtype=None, *, center_linear=True) -> K
             internal_gamma = internal_gamma / b
             internal_coef0 = spec.coef0 / b
     if spec.name in ("polynomial", "sigmoid"):
-        _warn_offset(spec, X, mean, xp, compute)
+        if stats is None:
+            spread = float(X.var(axis=0, dtype=xp.float64).sum())
+        _warn_offset(spec, spread, mean, compute)
     return replace(spec, center=mean if centered else None, scale=scale, value_scale=value_scale,
                    internal_gamma=internal_gamma, internal_coef0=internal_coef0)
 
 
-def _warn_offset(spec, X, mean, xp, compute):
+def _warn_offset(spec, spread, mean, compute):
     """PrecisionWarning when ||mean||^2 / total variance * eps(compute) > 1e-3 (polynomial, sigmoid)."""
     mean_sq = float((mean * mean).sum())
-    spread = float(X.var(axis=0, dtype=xp.float64).sum())
     if mean_sq == 0 or spread == 0:  # centred already, or constant data (UninformativeKernelWarning's case)
         return
     lost = mean_sq / spread * float(np.finfo(compute).eps) if spread > 0 else math.inf

@@ -26,7 +26,6 @@ with dask-cuda's ``LocalCUDACluster`` each worker sees one GPU.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import time
 import warnings
@@ -246,8 +245,9 @@ class _SeedingRows:
         return future.result()
 
 
-def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params):
-    """The kernel spec with gamma's data-scale default and the centre taken from the Dask array."""
+def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dtype):
+    """The kernel spec with gamma's data-scale default, and the centre and power-of-two scales that
+    :func:`kkmgpu._kernels.with_center` gives in-memory data, from statistics computed over the chunks."""
     name = _kernels.canonical_kernel_name(kernel)
     if name == "precomputed":
         raise ValueError("kkmgpu.dask.fit clusters features; kernel='precomputed' is not supported there.")
@@ -255,17 +255,19 @@ def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params):
     needs_gamma = name in ("rbf", "polynomial", "sigmoid", "laplacian")
     if gamma is None and needs_gamma:
         gamma = "scale" if name in ("rbf", "laplacian") else "auto"
-    mean, var = da.compute(X.mean(axis=0, dtype=np.float64), X.astype(np.float64).var())
-    mean, var = _host(mean).astype(np.float64), float(_host(var))  # CuPy chunks give CuPy results
+    X64 = X.astype(np.float64)
+    mean, var, hi, lo, spread = da.compute(X64.mean(axis=0), X64.var(), X64.max(axis=0), X64.min(axis=0),
+                                           X64.var(axis=0).sum())
+    # CuPy chunks give CuPy results
+    mean, var, hi, lo, spread = (_host(mean).astype(np.float64), float(_host(var)), _host(hi).astype(np.float64),
+                                 _host(lo).astype(np.float64), float(_host(spread)))
     if needs_gamma and gamma == "scale":
         gamma = _kernels.scale_gamma(name, d, float(var))
     elif needs_gamma and gamma == "auto":
         gamma = 1.0 / d
     spec = _kernels.resolve_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0, kernel_params=kernel_params,
                                    X=np.zeros((1, d)), xp=np)
-    if name in _kernels.CENTERED_KERNELS:
-        spec = dataclasses.replace(spec, center=mean)
-    return spec
+    return _kernels.with_center(spec, None, np, dtype, stats=(mean, hi, lo, spread, X.shape[0]))
 
 
 def _check_dask_array(X):
@@ -496,7 +498,8 @@ random_state, verbose, update, tf32
     X = _check_dask_array(X)
     n = X.shape[0]
     k = _validation.check_k(k, n)
-    weights_h = _validation.check_sample_weight(sample_weight, n)
+    user_weights = _validation.check_sample_weight(sample_weight, n)
+    weights_h, weight_scale = _validation.normalize_weights(user_weights)  # only the weights' ratios matter
     init, n_init = _validation.check_init(init, n, k, n_init)
     if (weights_h > 0).sum() < k:
         raise ValueError(f"only {(weights_h > 0).sum()} samples have a positive sample_weight; "
@@ -504,7 +507,7 @@ random_state, verbose, update, tf32
     cats_params = _validation.check_cats_params(
         method, n_samples_per_cluster=n_samples_per_cluster, window=window, theta=theta, rcond=rcond,
         exact_objective=False, n=n, k=k, dtype=dt)
-    spec = _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params)
+    spec = _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dt)
     t_valid = time.perf_counter()
 
     # one block of contiguous rows per worker; every worker gets all features once
@@ -561,7 +564,9 @@ random_state, verbose, update, tf32
     if method == "cats":
         params.update(cats_params)
     labels = best["labels"].astype(np.int32)
-    return KernelKMeansResult(
+    from ._api import _in_user_units  # objectives, sizes and weights back in the caller's units, finite
+
+    return _in_user_units(KernelKMeansResult(
         labels=labels, objective=float(best["objective"]),
         objective_history=np.asarray(best["history"], dtype=np.float64), n_iter=int(best["n_iter"]),
         converged=bool(best["converged"]), n_clusters=k, method=method, kernel=spec.name,
@@ -573,4 +578,4 @@ random_state, verbose, update, tf32
         exact_objective=float(best["objective"]) if method == "exact" else None, stop_reason=best["stop_reason"],
         method_params=params, _spec=spec, _train_features=features, _train_labels=labels,
         _train_weights=weights_h, _within=np.asarray(best.get("within", np.zeros(k)), dtype=np.float64), _n_train=n,
-        _cats_state=best.get("state"))
+        _cats_state=best.get("state")), user_weights, weight_scale, spec)

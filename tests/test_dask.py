@@ -181,3 +181,34 @@ def test_cupy_chunks_on_gpu_workers_same_labels_as_single_gpu(kernel, params):
     K = reference.kernel_matrix(X, kernel=kernel, params=params)
     np.testing.assert_allclose(dist.objective, reference.kernel_kmeans_objective(K, dist.labels, np.ones(530), 3),
                                rtol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["exact", "cats"])
+@pytest.mark.parametrize("kernel", ["rbf", "linear"])
+@pytest.mark.parametrize("scale", [1e20, 1e-30])
+def test_overflowing_and_tiny_scales_as_single_device(client, method, kernel, scale):
+    """X * 1e20 (its squared norms overflow float32) and X * 1e-30 (they underflow) give kkmgpu.fit's finite
+    result: the Dask path takes the same centre and power-of-two scales from statistics over the chunks."""
+    X, rng = _blobs(3)
+    init = rng.integers(0, 3, X.shape[0])
+    kw = dict(kernel=kernel, method=method, device="cpu", init=init, random_state=0, max_iter=50)
+    single = kkmgpu.fit(X * scale, 3, **kw)
+    dist = kkmgpu.dask.fit(da.from_array(X * scale, chunks=(150, 5)), 3, client=client, **kw)
+    np.testing.assert_array_equal(dist.labels, single.labels)
+    assert np.isfinite(dist.objective) and dist.objective > 0
+    assert dist.objective == pytest.approx(single.objective, rel=1e-4)
+    unscaled = kkmgpu.fit(X, 3, **kw)  # and, for these kernels, the labels of the unscaled data
+    np.testing.assert_array_equal(dist.labels, unscaled.labels)
+
+
+def test_weights_scale_free(client):
+    X, rng = _blobs(4)
+    init = rng.integers(0, 3, X.shape[0])
+    kw = dict(device="cpu", init=init, dtype="float64")
+    ones = kkmgpu.dask.fit(da.from_array(X, chunks=(150, 5)), 3, client=client, **kw)
+    for w in (1e38, 1e-50):
+        dist = kkmgpu.dask.fit(da.from_array(X, chunks=(150, 5)), 3, client=client, sample_weight=np.full(len(X), w),
+                               **kw)
+        np.testing.assert_array_equal(dist.labels, ones.labels)
+        assert dist.objective == pytest.approx(ones.objective * w, rel=1e-9)
+        np.testing.assert_allclose(dist.cluster_sizes, ones.cluster_sizes * w, rtol=1e-12)
