@@ -133,7 +133,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
                  max_iter=300, tol=1e-6, random_state=None, verbose=False, update="auto",
                  n_samples_per_cluster=None, window=None, theta=None, rcond=None, exact_objective=False,
                  n_components=None, engine="auto", tf32=False, trim_vote_fraction=None, trim_slack=None,
-                 trim_h=None, trim_max_size=None):
+                 trim_h=None, trim_max_size=None, progress=False):
         self.n_clusters = n_clusters
         self.kernel = kernel
         self.gamma = gamma
@@ -149,6 +149,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         self.tol = tol
         self.random_state = random_state
         self.verbose = verbose
+        self.progress = progress
         self.update = update
         self.n_samples_per_cluster = n_samples_per_cluster
         self.window = window
