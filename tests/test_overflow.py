@@ -26,6 +26,7 @@ def _blobs(rng, n=240, d=3, k=3, spread=6.0):
 
 
 def _fit(X, k, **kw):
+    kw.setdefault("random_state", 0)  # CATS samples: a fixed seed, so both fits of a comparison draw the same
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # NumPy overflow warnings are failures here
         warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
