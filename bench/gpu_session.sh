@@ -18,6 +18,8 @@
 #                                        #      TF32 label effect), CATS scaling to 1,000,000, Off-the-grid Figure 1
 #   bash bench/gpu_session.sh quality    # GPU: CATS vs exact on all 70,000 MNIST points (10 seeds)
 #   bash bench/gpu_session.sh trimming   # GPU: trimming Table 1 at n = 70,000 (4 kernels x 10 runs)
+#   bash bench/gpu_session.sh catssolve  # GPU: CATS's M_c above 32 x 32, one eigh per cluster against the
+#                                        #      regularised batched solve (l = 48 ... 1024) -> cats-solve.json
 #   bash bench/gpu_session.sh all SECONDS  # the phases above in that order, each only if its time limit still fits
 #                                        #      in what is left of SECONDS (e.g. `all 590` in one device call;
 #                                        #      `all 1800` on a workstation); says which were left out
@@ -42,7 +44,7 @@ if [ "$phase" = prepare ]; then
 fi
 
 #: the phases in the order `all` runs them, each with its worst case in seconds (the sum of its steps' limits)
-PHASES="tests:540 engine:560 sanitize:560 scale:600 quality:560 trimming:560"
+PHASES="tests:540 engine:560 sanitize:560 scale:600 quality:560 trimming:560 catssolve:300"
 
 if [ "$phase" = all ]; then
     budget=${2:-}
@@ -123,6 +125,10 @@ quality)
 trimming)  # two calls' worth of work split in two steps; both merge their cases into one result file
     step 280 trimming-table1-a python bench/bench_trimming.py table1 --device cuda --kernels neural polynomial
     step 280 trimming-table1-b python bench/bench_trimming.py table1 --device cuda --kernels rbf rbf-scale
+    ;;
+catssolve)
+    step 280 cats-solve env KKMGPU_BENCH_DEVICES=cuda python -m pytest bench/bench_cats.py -k coefficient_solve \
+        --benchmark-only -p no:cacheprovider --benchmark-json="$out/cats-solve.json"
     ;;
 *)
     awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"
