@@ -199,11 +199,19 @@ def davies_bouldin(X, labels, *, device="auto") -> float:
     backend, X, codes, counts, k = _prepare(X, labels, device, "the Davies-Bouldin index")
     xp = backend.xp
     with backend.activate():
-        C = _centroids(X, codes, counts, k, backend)
+        Y = _one_hot(codes, k, xp)
+        C = (Y.T @ X) / backend.asarray(counts)[:, None]
         distance = xp.sqrt(((X - C[codes]) ** 2).sum(axis=1))
-        spread = backend.to_host(_one_hot(codes, k, xp).T @ distance) / counts
+        spread = backend.to_host(Y.T @ distance) / counts
         C_h = backend.to_host(C)
         gaps = np.sqrt(np.maximum(((C_h[:, None, :] - C_h[None, :, :]) ** 2).sum(axis=2), 0.0))
+        # A centroid is a sum of n_l centred values over n_l: its rounding error is at most about
+        # (n_l + 2) eps mean_{i in l} |x_i| per coordinate. Centroids closer than both errors together
+        # coincide as far as float64 can tell (a data mean that is not representable shifts them apart
+        # by ~1e-17): they count as coinciding, scikit-learn's convention, not as a ratio of ~1e15.
+        magnitude = backend.to_host(Y.T @ xp.abs(X)) / counts[:, None]
+        error = (counts + 2.0) * np.finfo(np.float64).eps * np.sqrt((magnitude ** 2).sum(axis=1))
+        gaps[gaps <= error[:, None] + error[None, :]] = 0.0
         if np.allclose(spread, 0) or np.allclose(gaps, 0):
             return 0.0
         gaps[gaps == 0] = np.inf
