@@ -442,3 +442,48 @@ def test_davies_bouldin_with_centroids_coinciding_up_to_rounding(device):
     # centroid distances lose five digits of the 1e-6 gap here)
     far = 2.0 / math.hypot(9.0 - 1e-6, 0.0)
     assert kkmgpu.metrics.davies_bouldin(X, y, device=device) == pytest.approx((4e6 + far) / 3, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- survivors of the mutation run
+# (docs/mutation-testing.md): properties the suite did not pin down
+
+
+def weighted_sse(X, labels, w):
+    """sum_i w_i ||x_i - m_c||^2 with m_c the weighted mean of cluster c (clusters without weight add 0)."""
+    total = 0.0
+    for c in np.unique(labels):
+        members = labels == c
+        if w[members].sum() == 0:
+            continue
+        m = (w[members, None] * X[members]).sum(0) / w[members].sum()
+        total += float((w[members] * ((X[members] - m) ** 2).sum(1)).sum())
+    return total
+
+
+def test_objective_with_singletons_and_weightless_clusters():
+    """Singleton clusters (weight <= 1 and > 1) contribute 0; a cluster of zero-weight points contributes 0."""
+    rng = np.random.default_rng(51)
+    X = rng.normal(size=(30, 3))
+    labels = rng.integers(0, 3, 30)
+    labels[[4, 9]] = [3, 4]           # two singletons
+    labels[[11, 12, 13]] = 5          # a cluster of zero-weight points
+    w = rng.uniform(0.3, 0.9, 30)
+    w[9] = 2.5
+    w[[11, 12, 13]] = 0.0
+    K = X @ X.T
+    assert kkmgpu.metrics.kernel_kmeans_objective(K, labels, w) == pytest.approx(weighted_sse(X, labels, w),
+                                                                                 rel=1e-10)
+
+
+def test_metric_inputs_are_checked_with_messages():
+    with pytest.raises(ValueError, match=r"K must be \(n, n\) and labels \(n,\); got \(4, 3\)"):
+        kkmgpu.metrics.kernel_kmeans_objective(np.ones((4, 3)), np.zeros(4, int))
+    with pytest.raises(ValueError, match="labels"):
+        kkmgpu.metrics.kernel_kmeans_objective(np.eye(4), np.zeros(3, int))
+    for f in (kkmgpu.metrics.nmi, kkmgpu.metrics.ari, kkmgpu.metrics._nmi_numpy, kkmgpu.metrics._ari_numpy):
+        with pytest.raises(ValueError, match="must be 1-D; got shapes"):
+            f(np.zeros(4, int), np.zeros((4, 1), int))
+        with pytest.raises(ValueError, match="must be 1-D; got shapes"):
+            f(np.zeros((4, 1), int), np.zeros(4, int))
+        with pytest.raises(ValueError, match="different lengths 4 and 3"):
+            f(np.zeros(4, int), np.zeros(3, int))
