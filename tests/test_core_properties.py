@@ -297,11 +297,13 @@ def test_float16_storage_of_negative_kernels(device, kernel, params):
 
 
 def linear_scale_case(rng):
-    """Three groups of very different spreads (1e-3, 1, 1e3 around well-separated centres)."""
-    parts = [np.array([0.0, 0.0]) + 1e-3 * rng.normal(size=(25, 2)),
-             np.array([5e3, 0.0]) + 1.0 * rng.normal(size=(25, 2)),
-             np.array([0.0, 6e3]) + 1e3 * rng.normal(size=(25, 2))]
-    return np.vstack(parts), np.repeat([0, 1, 2], 25)
+    """Four groups of very different scales: two of spread 1e-4 at +-1e-3 from the origin (their M_c have
+    eigenvalues ~1e-5), one of spread 1 at 5e3 and one of spread 1e3 at 6e3 (eigenvalues ~1e9)."""
+    parts = [np.array([1e-3, 0.0]) + 1e-4 * rng.normal(size=(20, 2)),
+             np.array([-1e-3, 0.0]) + 1e-4 * rng.normal(size=(20, 2)),
+             np.array([5e3, 0.0]) + 1.0 * rng.normal(size=(20, 2)),
+             np.array([0.0, 6e3]) + 1e3 * rng.normal(size=(20, 2))]
+    return np.vstack(parts), np.repeat([0, 1, 2, 3], 20)
 
 
 @pytest.mark.parametrize("method", ["exact", "cats"])
@@ -313,12 +315,13 @@ def test_linear_kernel_is_scale_invariant(device, method, scale):
     rng = np.random.default_rng(29)
     X, y = linear_scale_case(rng)
     init = y.copy()
-    init[rng.choice(len(y), 12, replace=False)] = rng.integers(0, 3, 12)
+    swap = rng.choice(40, 8, replace=False)  # a few points of the two small groups start in the other one
+    init[swap] = 1 - init[swap]
     reference_labels = None
     extra = dict(n_samples_per_cluster=len(y), theta=0.0) if method == "cats" else {}
-    result = quiet_fit(X * scale, 3, kernel="linear", init=init, dtype="float64", tol=0.0, device=device,
+    result = quiet_fit(X * scale, 4, kernel="linear", init=init, dtype="float64", tol=0.0, device=device,
                        method=method, **extra)
-    reference_labels = host(quiet_fit(X, 3, kernel="linear", init=init, dtype="float64", tol=0.0,
+    reference_labels = host(quiet_fit(X, 4, kernel="linear", init=init, dtype="float64", tol=0.0,
                                       device="cpu").labels)
     np.testing.assert_array_equal(host(result.labels), reference_labels)
     np.testing.assert_array_equal(reference_labels, y)  # plain k-means on these groups recovers them
@@ -487,3 +490,84 @@ def test_metric_inputs_are_checked_with_messages():
             f(np.zeros((4, 1), int), np.zeros(4, int))
         with pytest.raises(ValueError, match="different lengths 4 and 3"):
             f(np.zeros(4, int), np.zeros(3, int))
+    with pytest.raises(ValueError, match="K must be"):
+        kkmgpu.metrics.kernel_kmeans_objective(np.ones(4), np.zeros(4, int))
+
+
+def test_nmi_fallback_with_singleton_classes_and_empty_labelings():
+    sk_metrics = pytest.importorskip("sklearn.metrics", reason="scikit-learn is needed for the reference score")
+    rng = np.random.default_rng(53)
+    a = rng.integers(0, 4, 40)
+    b = rng.integers(0, 5, 40)
+    a[[3, 7]] = [10, 11]  # classes of one member
+    b[[5]] = [12]
+    assert kkmgpu.metrics._nmi_numpy(a, b) == pytest.approx(sk_metrics.normalized_mutual_info_score(a, b),
+                                                             rel=1e-12)
+    empty = np.array([], dtype=int)
+    assert kkmgpu.metrics._nmi_numpy(empty, empty) == sk_metrics.normalized_mutual_info_score(empty, empty)
+
+
+QUALITY = ("silhouette", "calinski_harabasz", "davies_bouldin")
+
+
+@pytest.mark.parametrize("name", QUALITY)
+def test_quality_default_device_and_messages(name):
+    """The default device ("auto") works (KKMGPU_DEVICE=cpu or a GPU: the same value); an undefined number of
+    clusters gets a message naming the index."""
+    ours = getattr(kkmgpu.metrics, name)
+    rng = np.random.default_rng(55)
+    X, y = blobs(rng, [20, 25, 30], 3)
+    assert ours(X, y) == pytest.approx(ours(X, y, device="cpu"), rel=1e-9)
+    words = {"silhouette": "the silhouette", "calinski_harabasz": "the Calinski-Harabasz index",
+             "davies_bouldin": "the Davies-Bouldin index"}[name]
+    with pytest.raises(ValueError, match=f"^{words} is defined for 2 <= number of clusters"):
+        ours(X, np.zeros(len(X), int), device="cpu")
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
+def test_quality_indices_are_scale_invariant(device, scale):
+    """Distances below 1 (small data) and above: silhouette and Davies-Bouldin do not change with the units,
+    Calinski-Harabasz neither (a ratio of dispersions)."""
+    sk_metrics = pytest.importorskip("sklearn.metrics", reason="scikit-learn is needed for the reference score")
+    rng = np.random.default_rng(57)
+    X, y = blobs(rng, [30, 20, 25], 2, spread=1.0, noise=0.4)
+    for name, theirs in (("silhouette", sk_metrics.silhouette_score),
+                         ("calinski_harabasz", sk_metrics.calinski_harabasz_score),
+                         ("davies_bouldin", sk_metrics.davies_bouldin_score)):
+        assert getattr(kkmgpu.metrics, name)(X * scale, y, device=device) == pytest.approx(theirs(X, y), rel=1e-9)
+
+
+def test_quality_indices_on_degenerate_clusters(device):
+    """Clusters of identical points, coinciding centroids, a gap of exactly 1, a within-dispersion of exactly 1."""
+    sk_metrics = pytest.importorskip("sklearn.metrics", reason="scikit-learn is needed for the reference score")
+    cases = {
+        # two clusters on the same point, a third elsewhere: a = b = 0 for the first two (s = 0)
+        "stacked": (np.array([[1.0, 2.0]] * 6 + [[5.0, 5.0]] * 3), np.array([0, 0, 0, 1, 1, 1, 2, 2, 2])),
+        # every cluster a repeated point: W_k = 0 (Calinski-Harabasz 1.0 by convention), spreads 0 (DB 0)
+        "points": (np.array([[0.0], [0.0], [3.0], [3.0], [7.0]]), np.array([0, 0, 1, 1, 2])),
+        # two clusters sharing their centroid: Davies-Bouldin 0
+        "same-centroid": (np.array([[-1.0], [1.0], [-3.0], [3.0]]), np.array([0, 0, 1, 1])),
+        # centroids exactly 1 apart
+        "unit-gap": (np.array([[0.0, -1.0], [0.0, 1.0], [1.0, -2.0], [1.0, 2.0]]), np.array([0, 0, 1, 1])),
+        # W_k exactly 1.0
+        "unit-within": (np.array([[0.0], [1.0], [0.0], [1.0], [5.0], [5.0]]), np.array([0, 0, 0, 0, 1, 1])),
+    }
+    for case, (X, y) in cases.items():
+        assert kkmgpu.metrics.silhouette(X, y, device=device) == pytest.approx(
+            sk_metrics.silhouette_score(X, y), abs=1e-12), case
+        assert kkmgpu.metrics.calinski_harabasz(X, y, device=device) == pytest.approx(
+            sk_metrics.calinski_harabasz_score(X, y), rel=1e-12), case
+        assert kkmgpu.metrics.davies_bouldin(X, y, device=device) == pytest.approx(
+            sk_metrics.davies_bouldin_score(X, y), rel=1e-12, abs=1e-12), case
+
+
+@pytest.mark.parametrize("scale", [2.0 ** -20, 1.0, 2.0 ** 20], ids=["2^-20", "1", "2^20"])  # exact scalings
+def test_davies_bouldin_resolves_gaps_just_above_rounding(device, scale):
+    """Clusters 2^-40 apart (spread 1, 25 points each) are distinct: the rounding bound of their centroids is
+    ~1e-14 of the data's magnitude, at any scale. Written out: scikit-learn's GEMM-form distances lose the gap."""
+    gap = 2.0 ** -40
+    pair = np.array([[0.0, -1.0], [0.0, 1.0]])
+    X = np.vstack([np.tile(pair, (25, 1)), np.tile(pair + [gap, 0.0], (25, 1)), np.tile(pair + [9.0, 0.0], (25, 1))])
+    y = np.repeat([0, 1, 2], 50)
+    expected = (2.0 / gap + 2.0 / gap + 2.0 / (9.0 - gap)) / 3.0
+    assert kkmgpu.metrics.davies_bouldin(X * scale, y, device=device) == pytest.approx(expected, rel=1e-3)

@@ -34,6 +34,9 @@ fi
 cd "$WORK"
 export KKMGPU_DEVICE=cpu           # cuda cases skip; the CPU path is what the mutants change
 export NUMBA_CACHE_DIR="$WORK/.numba-cache"
+# mutmut forks a child per mutant from a process that has run the tests; GNU OpenMP (numba's default layer
+# here) aborts in a forked child, which mutmut reports as "suspicious". The workqueue layer is fork-safe.
+export NUMBA_THREADING_LAYER=workqueue
 start=$(date +%s)
 "$PYTHON" -m mutmut run --max-children "$CHILDREN" || true
 end=$(date +%s)

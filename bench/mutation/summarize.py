@@ -30,7 +30,7 @@ def main():
     all_status = sorted({s for c in statuses.values() for s in c})
     print("# mutmut run" + (f" ({args.seconds / 60:.1f} min)" if args.seconds is not None else ""))
     print()
-    print("| module | " + " | ".join(all_status) + " | killed / (total - no tests) |")
+    print("| module | " + " | ".join(all_status) + " | detected (killed + timeout) / (total - no tests) |")
     print("|---|" + "---|" * (len(all_status) + 1))
     total = collections.Counter()
     for module in sorted(statuses):
@@ -38,10 +38,10 @@ def main():
         total.update(counts)
         rows = [str(counts.get(s, 0)) for s in all_status]
         tested = sum(counts.values()) - counts.get("no tests", 0)
-        print(f"| {module} | " + " | ".join(rows) + f" | {counts.get('killed', 0) / max(1, tested):.1%} |")
+        print(f"| {module} | " + " | ".join(rows) + f" | {(counts.get('killed', 0) + counts.get('timeout', 0)) / max(1, tested):.1%} |")
     tested = sum(total.values()) - total.get("no tests", 0)
     print("| **all** | " + " | ".join(str(total.get(s, 0)) for s in all_status)
-          + f" | {total.get('killed', 0) / max(1, tested):.1%} |")
+          + f" | {(total.get('killed', 0) + total.get('timeout', 0)) / max(1, tested):.1%} |")
     for status in sorted(listed):
         print(f"\n## {status} ({len(listed[status])})\n")
         for name in listed[status]:
