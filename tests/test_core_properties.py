@@ -24,7 +24,7 @@ from reference import kernel_kmeans_objective, kernel_matrix
 
 import kkmgpu
 from kkmgpu import _backend, _kernels, _offgrid
-from kkmgpu._lloyd import DenseKernelOperator, kmeans_plus_plus, refill_empty_clusters
+from kkmgpu._lloyd import DenseKernelOperator, kmeans_plus_plus, random_partition, refill_empty_clusters
 from kkmgpu._tiled import TiledKernelOperator
 
 
@@ -128,6 +128,21 @@ def test_kmeans_plus_plus_never_seeds_a_zero_weight_point(device, duplicates):
         labels = kmeans_plus_plus(operator, k, np.random.default_rng(s))
         positive_per_cluster = np.bincount(labels[w > 0], minlength=k)
         assert positive_per_cluster.min() > 0, (s, labels)
+
+
+def test_random_partition_is_uniform_with_no_empty_cluster():
+    """init="random": int32 labels in [0, k), every cluster present, each label about equally frequent."""
+    rng = np.random.default_rng(59)
+    for n, k in [(7, 7), (50, 1), (300, 6)]:
+        counts = np.zeros(k)
+        for _ in range(200):
+            labels = random_partition(n, k, rng)
+            assert labels.dtype == np.int32 and labels.shape == (n,)
+            assert labels.min() == 0 and labels.max() == k - 1
+            assert np.bincount(labels, minlength=k).min() >= 1
+            counts += np.bincount(labels, minlength=k)
+        expected = 200 * n / k
+        assert np.all(np.abs(counts - expected) <= 5 * math.sqrt(expected) + 1e-9), counts
 
 
 # --------------------------------------------------------------------------- empty-cluster refill
@@ -524,17 +539,22 @@ def test_quality_default_device_and_messages(name):
         ours(X, np.zeros(len(X), int), device="cpu")
 
 
-@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
+@pytest.mark.parametrize("scale", [2.0 ** -60, 1e-6, 1.0, 1e6])
 def test_quality_indices_are_scale_invariant(device, scale):
     """Distances below 1 (small data) and above: silhouette and Davies-Bouldin do not change with the units,
-    Calinski-Harabasz neither (a ratio of dispersions)."""
+    Calinski-Harabasz neither (a ratio of dispersions); at 2^-60 the within-dispersion (~1e-35) is still far
+    above the centroids' rounding level (~1e-64), so it is not taken for the W_k = 0 case. (scikit-learn's
+    Davies-Bouldin, and so ours, returns 0 once every spread is below 1e-8 in absolute terms.)"""
     sk_metrics = pytest.importorskip("sklearn.metrics", reason="scikit-learn is needed for the reference score")
     rng = np.random.default_rng(57)
     X, y = blobs(rng, [30, 20, 25], 2, spread=1.0, noise=0.4)
     for name, theirs in (("silhouette", sk_metrics.silhouette_score),
                          ("calinski_harabasz", sk_metrics.calinski_harabasz_score),
                          ("davies_bouldin", sk_metrics.davies_bouldin_score)):
-        assert getattr(kkmgpu.metrics, name)(X * scale, y, device=device) == pytest.approx(theirs(X, y), rel=1e-9)
+        expected = theirs(X * scale, y)  # Davies-Bouldin's "spreads all close to 0" is absolute (atol 1e-8)
+        if name != "davies_bouldin" or scale > 1e-8:
+            assert expected == pytest.approx(theirs(X, y), rel=1e-9)
+        assert getattr(kkmgpu.metrics, name)(X * scale, y, device=device) == pytest.approx(expected, rel=1e-9)
 
 
 def test_quality_indices_on_degenerate_clusters(device):
