@@ -591,3 +591,30 @@ def test_davies_bouldin_resolves_gaps_just_above_rounding(device, scale):
     y = np.repeat([0, 1, 2], 50)
     expected = (2.0 / gap + 2.0 / gap + 2.0 / (9.0 - gap)) / 3.0
     assert kkmgpu.metrics.davies_bouldin(X * scale, y, device=device) == pytest.approx(expected, rel=1e-3)
+
+
+def test_distinct_cluster_count_and_stop_reasons(device, capsys):
+    """The Lloyd driver's bookkeeping: clusters whose centres coincide (duplicate points) are counted once in the
+    warning; each stopping rule names itself in stop_reason and in the verbose log."""
+    rng = np.random.default_rng(61)
+    points = np.array([[0.0, 0.0], [5.0, 0.0], [0.0, 5.0]])
+    X = points[np.repeat([0, 1, 2], 10)]
+    init = np.r_[np.repeat([0, 1, 2], 10)]
+    init[[1, 11]] = [3, 4]  # clusters 3 and 4 hold duplicates of points in clusters 0 and 1
+    with pytest.warns(kkmgpu.ConvergenceWarning, match=r"Number of distinct clusters \(3\) found smaller than "
+                                                       r"n_clusters \(5\)"):
+        kkmgpu.fit(X, 5, kernel="linear", init=init, dtype="float64", device=device)
+    Xb, y = blobs(rng, [30, 30, 30], 2, spread=6.0, noise=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kkmgpu.ConvergenceWarning)  # three distinct centres: no warning
+        r = kkmgpu.fit(Xb, 3, kernel="linear", init=y, dtype="float64", tol=0.0, device=device, verbose=True)
+    assert r.stop_reason == "no point moved" and r.converged
+    out = capsys.readouterr().out
+    assert "[kkmgpu] iteration 0: objective" in out and "no point changed cluster, converged" in out
+    start = (y + (rng.random(len(y)) < 0.3)) % 3
+    r = quiet_fit(Xb, 3, kernel="linear", init=start, dtype="float64", tol=0.0, max_iter=1, device=device)
+    assert r.stop_reason == "max_iter" and not r.converged and r.n_iter == 1
+    r = quiet_fit(Xb, 3, kernel="linear", init=start, dtype="float64", tol=0.999, device=device, verbose=True)
+    assert r.stop_reason == "relative objective change <= tol" and r.converged
+    out = capsys.readouterr().out
+    assert "points moved" in out and "relative objective change <= tol=0.999, converged" in out
