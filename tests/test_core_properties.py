@@ -597,7 +597,7 @@ def test_distinct_cluster_count_and_stop_reasons(device, capsys):
     """The Lloyd driver's bookkeeping: clusters whose centres coincide (duplicate points) are counted once in the
     warning; each stopping rule names itself in stop_reason and in the verbose log."""
     rng = np.random.default_rng(61)
-    points = np.array([[0.0, 0.0], [5.0, 0.0], [0.0, 5.0]])
+    points = np.array([[1.0, 2.0], [6.0, 1.0], [2.0, 7.0]])
     X = points[np.repeat([0, 1, 2], 10)]
     init = np.r_[np.repeat([0, 1, 2], 10)]
     init[[1, 11]] = [3, 4]  # clusters 3 and 4 hold duplicates of points in clusters 0 and 1
