@@ -258,8 +258,10 @@ def kmeans_plus_plus(operator, k, rng: np.random.Generator, n_local_trials=None)
     closest = np.maximum(diag + diag[centres[0]] - 2.0 * operator.rows([centres[0]])[0], 0.0)
     potential = float(w @ closest)
     for _ in range(1, k):
-        if potential <= 0:  # every point coincides with a seed: pick any unused point
-            remaining = np.setdiff1d(np.arange(n), centres)
+        if potential <= 0:  # every point coincides with a seed: pick any unused positive-weight point
+            remaining = np.setdiff1d(np.flatnonzero(w > 0), centres)
+            if remaining.size == 0:  # fewer positive-weight points than k (fit rejects this; kept for safety)
+                remaining = np.setdiff1d(np.arange(n), centres)
             candidates = np.array([int(rng.choice(remaining))])
         else:
             cumulative = np.cumsum(w * closest)

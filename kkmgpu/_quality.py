@@ -58,6 +58,18 @@ def _centroids(X, codes, counts, k, backend):
     return (_one_hot(codes, k, xp).T @ X) / backend.asarray(counts)[:, None]
 
 
+def _centroid_rounding(X, Y, counts, backend):
+    """Bound (k,) on the rounding error of each centroid (Y.T @ X) / counts of the centred float64 X.
+
+    A centroid is a sum of n_l centred values over n_l: its error is at most about (n_l + 2) eps
+    mean_{i in l} |x_i| per coordinate (a data mean that is not representable shifts centroids that coincide
+    in exact arithmetic ~1e-17 apart, and leaves ~1e-32 of within-cluster dispersion in clusters of one
+    repeated point).
+    """
+    magnitude = backend.to_host(Y.T @ backend.xp.abs(X)) / counts[:, None]
+    return (counts + 2.0) * np.finfo(np.float64).eps * np.sqrt((magnitude ** 2).sum(axis=1))
+
+
 def silhouette(X, labels, *, device="auto", batch_size=None) -> float:
     """Mean silhouette coefficient of a clustering, with Euclidean distances in the input space.
 
@@ -137,7 +149,7 @@ def calinski_harabasz(X, labels, *, device="auto") -> float:
     Returns
     -------
     float
-        >= 0; higher is better. 1.0 when every cluster is a single repeated point (W_k = 0), as in
+        >= 0; higher is better. 1.0 when every cluster is a single repeated point (W_k = 0 up to rounding), as in
         scikit-learn.
 
     Raises
@@ -156,10 +168,12 @@ def calinski_harabasz(X, labels, *, device="auto") -> float:
     backend, X, codes, counts, k = _prepare(X, labels, device, "the Calinski-Harabasz index")
     with backend.activate():
         n = X.shape[0]
-        C = _centroids(X, codes, counts, k, backend)
+        Y = _one_hot(codes, k, backend.xp)
+        C = (Y.T @ X) / backend.asarray(counts)[:, None]
         between = float((backend.asarray(counts) * (C * C).sum(axis=1)).sum())  # X is centred: c = 0
         within = float(((X - C[codes]) ** 2).sum())
-        if within == 0.0:
+        # every cluster one repeated point, up to the rounding of the centroids: scikit-learn's W_k = 0 case
+        if within <= float((counts * (2.0 * _centroid_rounding(X, Y, counts, backend)) ** 2).sum()):
             return 1.0
         return between * (n - k) / (within * (k - 1))
 
@@ -199,11 +213,16 @@ def davies_bouldin(X, labels, *, device="auto") -> float:
     backend, X, codes, counts, k = _prepare(X, labels, device, "the Davies-Bouldin index")
     xp = backend.xp
     with backend.activate():
-        C = _centroids(X, codes, counts, k, backend)
+        Y = _one_hot(codes, k, xp)
+        C = (Y.T @ X) / backend.asarray(counts)[:, None]
         distance = xp.sqrt(((X - C[codes]) ** 2).sum(axis=1))
-        spread = backend.to_host(_one_hot(codes, k, xp).T @ distance) / counts
+        spread = backend.to_host(Y.T @ distance) / counts
         C_h = backend.to_host(C)
         gaps = np.sqrt(np.maximum(((C_h[:, None, :] - C_h[None, :, :]) ** 2).sum(axis=2), 0.0))
+        # centroids closer than their rounding errors together coincide as far as float64 can tell: they count
+        # as coinciding (scikit-learn's convention for equal centroids), not as a ratio of ~1e15
+        error = _centroid_rounding(X, Y, counts, backend)
+        gaps[gaps <= error[:, None] + error[None, :]] = 0.0
         if np.allclose(spread, 0) or np.allclose(gaps, 0):
             return 0.0
         gaps[gaps == 0] = np.inf
