@@ -513,21 +513,28 @@ def check_informative(spec: KernelSpec, backend: Backend, storage, *, X=None, K=
         return None
     rows = np.unique(np.linspace(0, n - 1, min(n, INFORMATIVE_SAMPLE_ROWS)).round().astype(np.int64))
     idx = backend.asarray(rows)
+    # every chunk of the sampled rows goes to the host at once: the device holds one chunk, within the work share
+    # of its free memory (the memory guard of the run's own arrays comes later)
+    per_column = 8 * (2 * rows.size + (X.shape[1] if K is None else 0) + 2)
+    chunk = max(1, min(int(chunk_rows), work_bytes(int(chunk_rows) * per_column, backend) // per_column))
+    blocks, diags = [], []
     if K is None:
         compute = np.dtype(np.float32) if np.dtype(storage) == np.float16 else np.dtype(storage)
         sampled = prepare_features(X[idx], spec, backend, compute)
-        blocks, diags = [], []
-        for i0 in range(0, n, chunk_rows):
-            part = prepare_features(X[i0:i0 + chunk_rows], spec, backend, compute)
-            blocks.append(kernel_block(sampled, part, spec, backend))
-            diags.append(kernel_diagonal(part, spec, backend))
-        block = xp.concatenate(blocks, axis=1)
-        diag = xp.concatenate(diags)
+        for i0 in range(0, n, chunk):
+            part = prepare_features(X[i0:i0 + chunk], spec, backend, compute)
+            blocks.append(backend.to_host(kernel_block(sampled, part, spec, backend)))
+            diags.append(backend.to_host(kernel_diagonal(part, spec, backend)))
+            del part
+        block, diag = np.concatenate(blocks, axis=1), np.concatenate(diags)
         if spec.name in _DISTANCE_KERNELS:  # K_ii = 1 exactly, as the engines store it
-            block[xp.arange(rows.size), idx] = 1
+            block[np.arange(rows.size), rows] = 1
     else:
-        block = K[idx]
-        diag = xp.diagonal(K)
+        for i0 in range(0, n, chunk):
+            blocks.append(backend.to_host(K[idx, i0:i0 + chunk]))
+            diags.append(backend.to_host(xp.diagonal(K[i0:i0 + chunk, i0:i0 + chunk])))
+        block, diag = np.concatenate(blocks, axis=1), np.concatenate(diags)
+    backend = Backend("cpu")  # the judgement runs on the host copies
     storage = np.dtype(storage)
     with np.errstate(over="ignore", invalid="ignore"):  # a callable's values beyond float16 are refused later
         return _judge_informative(spec, storage, rows, block, diag, backend, X)

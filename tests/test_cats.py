@@ -816,7 +816,14 @@ def test_callback_reports_every_iteration(monkeypatch, device):
     """The progress hook of run_restarts / cats: one report per iteration, in order, with the run's distortions."""
     reports = []
     original = _cats.run_restarts
-    monkeypatch.setattr(_cats, "run_restarts", lambda *args, **kw: original(*args, callback=reports.append, **kw))
+    def spy(*args, callback=None, **kw):  # fit passes its own callback (the progress bar): keep it working
+        def both(report):
+            reports.append(report)
+            if callback is not None:
+                callback(report)
+        return original(*args, callback=both, **kw)
+
+    monkeypatch.setattr(_cats, "run_restarts", spy)
     X, _ = blobs(200, 2, 3, seed=52)
     result = quiet_fit(X, 3, method="cats", n_samples_per_cluster=10, init="random", n_init=2, max_iter=30,
                        random_state=4, device=device)
