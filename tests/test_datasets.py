@@ -8,19 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import SHAPE_TABLE  # n, d, k of the shape sets
 from kkmgpu import datasets
 
 MNIST_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "mnist"
 HAVE_MNIST = all((MNIST_DIR / name).is_file() for name in datasets.MNIST_FILES)
-
-# n, d, k of the shape sets, from ../shared/data/README.md
-SHAPE_TABLE = {
-    "aggregation": (788, 2, 7),
-    "compound": (399, 2, 6),
-    "flame": (240, 2, 2),
-    "jain": (373, 2, 2),
-    "r15": (600, 2, 15),
-}
 
 
 @pytest.fixture(scope="module")
