@@ -534,17 +534,15 @@ def check_informative(spec: KernelSpec, backend: Backend, storage, *, X=None, K=
             blocks.append(backend.to_host(K[idx, i0:i0 + chunk]))
             diags.append(backend.to_host(xp.diagonal(K[i0:i0 + chunk, i0:i0 + chunk])))
         block, diag = np.concatenate(blocks, axis=1), np.concatenate(diags)
-    backend = Backend("cpu")  # the judgement runs on the host copies
     storage = np.dtype(storage)
     with np.errstate(over="ignore", invalid="ignore"):  # a callable's values beyond float16 are refused later
-        return _judge_informative(spec, storage, rows, block, diag, backend, X)
+        return _judge_informative(spec, storage, rows, block, diag, X)
 
 
-def _judge_informative(spec, storage, rows, block, diag, backend, X):
-    block = backend.to_host(block.astype(storage).astype(np.float64) if block.dtype != storage
-                            else block.astype(np.float64))
-    diag = backend.to_host(diag.astype(storage).astype(np.float64) if diag.dtype != storage
-                           else diag.astype(np.float64))
+def _judge_informative(spec, storage, rows, block, diag, X):
+    """The judgement of :func:`check_informative` on the host copies of the sampled rows and the diagonal."""
+    block = block.astype(storage).astype(np.float64)  # the values as stored
+    diag = diag.astype(storage).astype(np.float64)
     eps = float(np.finfo(storage).eps)
     own = diag[rows][:, None]
     others = diag[None, :]
