@@ -39,8 +39,8 @@ from ._lloyd import DenseKernelOperator, _argsort_stable, _totals
 #: Limited checks are used in a walk only where their expected reads (the diagonal blocks plus the
 #: candidates' rows) are below this fraction of one full pass; tests set it high to force them.
 LIMITED_CHECK_MAX_COST = 0.5
-#: A candidate counts as moving in a limited check only if another cluster is nearer by this much relative
-#: to the size of its distance terms; both checks accumulate in float64, so their difference is ~n * 1e-16.
+#: A point counts as moving (in a full or a limited check) only if another cluster is nearer by this much
+#: relative to the size of its distance terms; both checks accumulate in float64, so rounding is ~n * 1e-16.
 LIMITED_CHECK_RTOL = 1e-9
 #: Rows per tile of the temporary arrays (gathers, float64 copies) aim at this many bytes (CPU, GPU).
 TILE_BYTES = 32 * 2**20
@@ -364,6 +364,9 @@ class OneStepQuestion:
         sizes, within, _ = _totals(operator, S, self.labels, self.k, xp)
         new_labels, _, n_moved = self.backend.ops.assign_labels(S, operator.diag, sizes, within, self.labels)
         moved = xp.flatnonzero(new_labels != self.labels) if n_moved else None
+        if moved is not None:
+            moved = self._clear_moves(moved, S[moved], operator.diag[moved].astype(xp.float64), within)
+            n_moved = 0 if moved is None else int(moved.shape[0])
         self.n_full += 1
         if self.limited:
             dist, _ = self._distances(S, operator.diag, within)
@@ -373,6 +376,19 @@ class OneStepQuestion:
             self.candidates = _argsort_stable(xp, gap)[:self.n_candidates]
         self.seconds += time.perf_counter() - t0
         return int(n_moved), moved
+
+    def _clear_moves(self, rows, S, diag, within):
+        """The ``rows`` (with their cluster sums S and K_ii) whose nearest other cluster is nearer than their own
+        by more than the rounding level, else None. The assignment step moves a point on any difference; an
+        exact tie (a point as near to two clusters) is broken by the lowest index on the CPU, but a GPU's
+        atomic accumulation sums the two clusters in different orders, so without the margin a tie would move
+        on one device and stay on the other, and the bandwidth found would hang on rounding."""
+        xp = self.xp
+        dist, terms = self._distances(S, diag, within)
+        own = xp.take_along_axis(dist, self.labels[rows].astype(xp.int64)[:, None], axis=1)[:, 0]
+        margin = LIMITED_CHECK_RTOL * (xp.abs(diag) + terms.max(axis=1))
+        clear = dist.min(axis=1) < own - margin
+        return rows[clear] if bool(clear.any()) else None
 
     def _within_totals(self, K):
         """C_c = sum_{i, j in c} w_i w_j K_ij from the diagonal blocks of K (cluster order), float64 host (k,)."""
@@ -417,12 +433,8 @@ class OneStepQuestion:
         S = self._rows_cluster_sums(K, cand)
         diag = xp.diagonal(K)[cand].astype(xp.float64)
         dist, terms = self._distances(S, diag, within)
-        own_label = self.labels[cand].astype(xp.int64)
-        own = xp.take_along_axis(dist, own_label[:, None], axis=1)[:, 0]
-        margin = LIMITED_CHECK_RTOL * (xp.abs(diag) + terms.max(axis=1))
-        clear = dist.min(axis=1) < own - margin
+        moved = self._clear_moves(cand, S, diag, within)
         self.n_limited += 1
-        moved = cand[clear] if bool(clear.any()) else None
         if moved is not None:
             self.n_limited_decisive += 1
         self.seconds += time.perf_counter() - t0

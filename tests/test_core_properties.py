@@ -410,6 +410,30 @@ def test_limited_and_full_checks_agree_on_exact_ties(device, monkeypatch):
                 assert set(host(limited).tolist()) <= set(expected.tolist())
 
 
+def test_critical_bandwidth_does_not_hang_on_rounding(device, monkeypatch):
+    """A GPU sums each cluster in its own order (atomics), so cluster sums that are equal in exact arithmetic
+    differ in the last bits. Emulated here on every device: cluster sums perturbed by a few ulps must leave the
+    critical bandwidth and the movers unchanged (a tied point moving on noise once gave 2.0 instead of 47)."""
+    rng = np.random.default_rng(40)
+    X, labels, w = mirror_set(rng)
+    D = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    K = np.exp(-D)
+    clean = kkmgpu.critical_bandwidth(K=K, labels=labels, sigma=1.0, sample_weight=w, depth=10, device=device)
+    original = DenseKernelOperator.cluster_sums
+    noise = np.random.default_rng(41)
+
+    def noisy(self, labels_d, k):
+        S = original(self, labels_d, k)
+        factor = 1.0 + 4e-16 * noise.choice([-1.0, 1.0], size=S.shape)
+        return S * self.backend.asarray(factor)
+
+    monkeypatch.setattr(_offgrid.DenseKernelOperator, "cluster_sums", noisy)
+    perturbed = kkmgpu.critical_bandwidth(K=K, labels=labels, sigma=1.0, sample_weight=w, depth=10, device=device)
+    assert (perturbed.lower, perturbed.upper) == (clean.lower, clean.upper)
+    np.testing.assert_array_equal(host(perturbed.moved), host(clean.moved))
+    assert not set(host(perturbed.moved).tolist()) & {12, 13}
+
+
 # --------------------------------------------------------------------------- tiled engine, duplicates
 
 
