@@ -56,7 +56,7 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
     backend = resolve_device(device, (X,) if Y is None else (X, Y))
     if _kernels.canonical_kernel_name(kernel) == "precomputed":
         raise ValueError("kernel='precomputed' makes no sense for kernel_matrix; pass a kernel function.")
-    with backend.activate(), memory_situation(dtype=dt):
+    with memory_situation(dtype=dt), backend.activate():
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
                                                    kernel_params=kernel_params), dt, False, center_linear=False)
         ct = _validation.compute_dtype(dt)
@@ -264,7 +264,7 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
     rng = _validation.make_rng(random_state)
     precomputed = _kernels.canonical_kernel_name(kernel) == "precomputed"
     backend = resolve_device(device, (X,))
-    with backend.activate(), memory_situation(dtype=dt, method=method, engine=engine, precomputed=precomputed):
+    with memory_situation(dtype=dt, method=method, engine=engine, precomputed=precomputed), backend.activate():
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
                                                    kernel_params=kernel_params), dt, precomputed)
         n = X.shape[0]

@@ -149,7 +149,7 @@ class Backend:
         """Context manager making this backend's device current."""
         if self.kind == "cpu":
             return contextlib.nullcontext()
-        return import_cupy().cuda.Device(self.index)
+        return _device_scope(self)
 
     def asarray(self, a, dtype=None):
         """``a`` as a C-contiguous array on this device (copied only when needed)."""
@@ -207,6 +207,24 @@ def memory_situation(**situation):
         yield
     finally:
         _MEMORY_SITUATION.reset(token)
+
+
+@contextlib.contextmanager
+def _device_scope(backend):
+    """The GPU current, and an allocation that fails although the memory checks passed (a library's workspace
+    or a temporary beside the arrays the checks count) raised as :class:`InsufficientMemoryError` with the
+    advice for the call, never as CuPy's OutOfMemoryError. Nested scopes translate once (the innermost)."""
+    cp = import_cupy()
+    with cp.cuda.Device(backend.index):
+        try:
+            yield
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            cp.get_default_memory_pool().free_all_blocks()
+            available = backend.available_bytes()
+            free = "" if available is None else f"; {_format_bytes(available)} free now"
+            raise InsufficientMemoryError(
+                f"the GPU ran out of memory during the computation ({exc}{free}). "
+                + memory_advice(**(_MEMORY_SITUATION.get() or {}))) from exc
 
 
 def memory_advice(*, dtype=None, method=None, engine=None, precomputed=False) -> str:

@@ -424,13 +424,16 @@ def exact_objective(source: KernelSource, labels_h, weights_h, k, diag=None, til
         idx = backend.asarray(members.astype(np.int64))
         wd = backend.asarray(w)
         within = 0.0
-        for i0 in range(0, members.size, tile):
-            rows = idx[i0:i0 + tile]
+        # a tile holds the block in the source's dtype and its float64 copy: sized within the free memory
+        rows_per_tile = min(tile, _kernels.tile_rows(members.size, source.A.dtype.itemsize + 8, backend=backend))
+        B = None if source.precomputed else source.A[idx]
+        for i0 in range(0, members.size, rows_per_tile):
+            rows = idx[i0:i0 + rows_per_tile]
             if source.precomputed:
-                block = source.A[rows][:, idx]
+                block = source.A[rows[:, None], idx[None, :]]
             else:
-                block = _kernels.kernel_block(source.A[rows], source.A[idx], source.spec, backend)
-            within += float(wd[i0:i0 + tile] @ (block.astype(xp.float64) @ wd))
+                block = _kernels.kernel_block(source.A[rows], B, source.spec, backend)
+            within += float(wd[i0:i0 + rows_per_tile] @ (block.astype(xp.float64) @ wd))
         total -= within / w.sum()
     return total
 

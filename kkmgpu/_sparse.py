@@ -54,7 +54,6 @@ def to_backend_csr(A, backend: Backend, dtype=None):
     """
     sp = sparse_module(backend)
     on_gpu = sys.modules.get("cupyx.scipy.sparse") is not None and sys.modules["cupyx.scipy.sparse"].issparse(A)
-    fresh = False  # whether A is already a copy of the caller's matrix (then it is canonicalised in place)
     if backend.is_gpu:
         if on_gpu:
             A = A.tocsr()
@@ -62,12 +61,15 @@ def to_backend_csr(A, backend: Backend, dtype=None):
             # cupyx holds only bool/float32/float64/complex values and raises on an integer scipy matrix, so
             # the requested dtype is applied on the host, before the transfer.
             A = A.tocsr()
-            if dtype is not None and A.dtype != dtype:
-                A = A.astype(dtype)
+            A = A.astype(dtype) if dtype is not None and A.dtype != dtype else A.copy()
+            # canonical on the host: cuSPARSE's zero elimination takes workspace outside CuPy's pool, which
+            # fails as a kernel launch error (not an out-of-memory one) when the device is nearly full
+            A.sum_duplicates()
+            A.eliminate_zeros()
+            A.sort_indices()
             check_fits(csr_bytes(A), backend, f"the {A.shape[0]} x {A.shape[1]} sparse matrix ({A.nnz} stored "
                        "entries) on the device")
-            A = sp.csr_matrix(A)  # the transfer is the copy
-            fresh = True
+            return sp.csr_matrix(A)  # the transfer is the copy
     else:
         A = A.get().tocsr() if on_gpu else A.tocsr()
         A = sp.csr_matrix(A)  # a sparse *array* becomes a matrix, so A @ dense and A[rows] behave alike
@@ -75,7 +77,7 @@ def to_backend_csr(A, backend: Backend, dtype=None):
         if backend.is_gpu:
             check_fits(csr_bytes(A, dtype), backend, f"the {np.dtype(dtype).name} copy of the sparse matrix")
         A = A.astype(dtype)
-    elif not fresh:
+    else:
         if backend.is_gpu:
             check_fits(csr_bytes(A), backend, "the copy of the sparse matrix")
         A = A.copy()

@@ -339,7 +339,8 @@ def _memory_cases(n=300):
                                       n_samples_per_cluster=40).labels, n * 4 * 40 * 8),  # the n x (k l) block
         ("search-bandwidth", lambda d: _search_summary(kkmgpu.search_bandwidth(X, 4, device=d, init=init,
                                                                                 max_values=6)), 2 * n * n * 8),
-        ("critical-bandwidth", lambda d: _critical_summary(kkmgpu.critical_bandwidth(X, y, sigma=0.5, device=d)),
+        # sigma=1: at 0.5 a far tail point of one blob joins the loosest blob once n is in the thousands
+        ("critical-bandwidth", lambda d: _critical_summary(kkmgpu.critical_bandwidth(X, y, sigma=1.0, device=d)),
          2 * n * n * 8),
         ("predict", predict, n * n * 4),
         ("silhouette", lambda d: (kkmgpu.metrics.silhouette(X, init, device=d),), n * n * 8),
