@@ -102,37 +102,44 @@ __device__ __forceinline__ double kkm_value(const unsigned short* K, long long i
 
 // Segmented row sums over a symmetric K (papers' Eq. 3-4), one pass, no one-hot operand:
 //     S[i, clusters[p]] += coeffs[p] * K[rows[p], i]      for every entry p, i = 0..n-1
-// Entries are sorted by cluster. With rows = points in label order and coeffs = their weights this is
-// the full cluster-sum pass; with the moved points (+w into the new cluster, -w out of the old one)
-// it is the incremental update S += K[:, moved] dY.  Each thread owns one column i (a warp reads
-// 32 consecutive floats of a row: coalesced) and one chunk of entries (blockIdx.y); it keeps a
-// double accumulator for the current cluster and flushes it with one atomicAdd when the cluster
-// changes, so S must hold the values to add to (zero for a full pass).
+// Entries are sorted by cluster: cluster c's are chunk_starts[c] .. chunk_starts[c + 1] - 1. With rows =
+// points in label order and coeffs = their weights this is the full cluster-sum pass; with the moved points
+// (+w into the new cluster, -w out of the old one) it is the incremental update S += K[:, moved] dY.
+// Each thread owns one column i (a warp reads 32 consecutive values of a row: coalesced) and one piece
+// of one cluster's entries: blockIdx.y = (c - c0) * pieces + q, piece q of `pieces` equal parts. With one
+// piece per cluster the thread adds its sum to S[i, c] (its only writer); with more, it stores the sum in
+// partial[blockIdx.y * n + i] and segment_reduce adds the pieces in order. No atomics: the same inputs
+// give the same bits on every run, so ties between clusters do not depend on the schedule.
 template <typename T>
 __global__ void segment_sums(const T* __restrict__ K, const long long* __restrict__ rows,
-                             const int* __restrict__ clusters, const double* __restrict__ coeffs,
-                             double* __restrict__ S, long long n, int k, long long n_entries,
-                             long long entries_per_chunk)
+                             const double* __restrict__ coeffs, const long long* __restrict__ chunk_starts,
+                             double* __restrict__ S, double* __restrict__ partial, long long n, int k, int c0,
+                             int pieces)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const long long p0 = (long long)blockIdx.y * entries_per_chunk;
-    long long p1 = p0 + entries_per_chunk;
-    if (p1 > n_entries) p1 = n_entries;
-    if (p0 >= p1) return;
-    int c = clusters[p0];
+    const int c = c0 + (int)(blockIdx.y / pieces);
+    const long long q = blockIdx.y % pieces;
+    const long long s0 = chunk_starts[c], length = chunk_starts[c + 1] - s0;
+    const long long p0 = s0 + length * q / pieces, p1 = s0 + length * (q + 1) / pieces;
     double acc = 0.0;
 #pragma unroll 4
-    for (long long p = p0; p < p1; ++p) {
-        const int cp = clusters[p];
-        if (cp != c) {
-            atomicAdd(&S[i * k + c], acc);
-            acc = 0.0;
-            c = cp;
-        }
-        acc += coeffs[p] * kkm_value(K, rows[p] * n + i);
+    for (long long p = p0; p < p1; ++p) acc += coeffs[p] * kkm_value(K, rows[p] * n + i);
+    if (pieces == 1) S[i * k + c] += acc;
+    else partial[(long long)blockIdx.y * n + i] = acc;
+}
+
+// S[i, c] += the pieces of clusters c0 .. c0 + n_clusters - 1 from segment_sums, in piece order.
+__global__ void segment_reduce(const double* __restrict__ partial, double* __restrict__ S, long long n, int k,
+                               int c0, int n_clusters, int pieces)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    for (int c = 0; c < n_clusters; ++c) {
+        double acc = 0.0;
+        for (int q = 0; q < pieces; ++q) acc += partial[((long long)c * pieces + q) * n + i];
+        S[i * k + c0 + c] += acc;
     }
-    atomicAdd(&S[i * k + c], acc);
 }
 
 // The Off-the-grid bandwidth step (off-the-grid-bandwidth-search.txt, Algorithm 2, lines 5-9) in one
@@ -155,9 +162,9 @@ template __global__ void kernel_epilogue<float>(float*, const float*, const floa
 template __global__ void kernel_epilogue<double>(double*, const double*, const double*, long long, long long, int, double, double, int);
 template __global__ void assign_labels<float>(const double*, const float*, const double*, const double*, const int*, int*, double*, unsigned long long*, long long, int);
 template __global__ void assign_labels<double>(const double*, const double*, const double*, const double*, const int*, int*, double*, unsigned long long*, long long, int);
-template __global__ void segment_sums<float>(const float*, const long long*, const int*, const double*, double*, long long, int, long long, long long);
-template __global__ void segment_sums<double>(const double*, const long long*, const int*, const double*, double*, long long, int, long long, long long);
-template __global__ void segment_sums<unsigned short>(const unsigned short*, const long long*, const int*, const double*, double*, long long, int, long long, long long);
+template __global__ void segment_sums<float>(const float*, const long long*, const double*, const long long*, double*, double*, long long, int, int, int);
+template __global__ void segment_sums<double>(const double*, const long long*, const double*, const long long*, double*, double*, long long, int, int, int);
+template __global__ void segment_sums<unsigned short>(const unsigned short*, const long long*, const double*, const long long*, double*, double*, long long, int, int, int);
 template __global__ void offgrid_step<float>(float*, float*, long long, int);
 template __global__ void offgrid_step<double>(double*, double*, long long, int);
 #endif

@@ -163,11 +163,11 @@ def per_point_sums(order: NeighbourOrder, labels_d):
 
 def cnnc_from_order(order: NeighbourOrder, labels_h: np.ndarray, k: int) -> float:
     """c-NNC of validated host labels (int64 in [0, k)) given the neighbour order of X."""
-    xp = order.backend.xp
     n = order.n
     labels_d = order.backend.asarray(labels_h.astype(np.int32))
     s = per_point_sums(order, labels_d)
-    totals = order.backend.to_host(xp.bincount(labels_d, weights=s, minlength=k)).astype(np.float64)
+    # summed on the host: a GPU's weighted bincount adds with atomics, in an order that changes run to run
+    totals = np.bincount(labels_h, weights=order.backend.to_host(s).astype(np.float64), minlength=k)
     sizes = np.bincount(labels_h, minlength=k)
     empty = int((sizes == 0).sum())
     clusters = float(np.sum(totals / (normaliser(n) * np.maximum(1, sizes))))

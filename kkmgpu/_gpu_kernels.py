@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._backend import import_cupy, import_cupyx
+from ._backend import import_cupy
 
 __all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "cluster_totals", "offgrid_step",
            "cuda_source", "indicator_cluster_sums"]
@@ -22,8 +22,10 @@ _SOURCE_NAME = "kernel_kmeans.cu"
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _THREADS = 256
 _KERNELS = ("kernel_epilogue", "assign_labels", "segment_sums", "offgrid_step")
-#: segment_sums splits the entries into chunks (grid.y) until about this many threads run
+#: segment_sums splits each cluster's entries into pieces (grid.y) until about this many threads run
 _TARGET_THREADS = 1 << 21
+#: CUDA's limit on grid.y
+_MAX_GRID_Y = 65535
 
 
 def cuda_source(name: str = _SOURCE_NAME) -> str:
@@ -42,6 +44,7 @@ def name_expressions() -> list[str]:
     """The template instantiations of ``kernel_kmeans.cu`` that CuPy compiles (and ``.ci/nvrtc_check.py`` checks)."""
     names = [f"{kern}<{t}>" for kern in _KERNELS for t in _TYPES.values()]
     names.append("segment_sums<unsigned short>")  # float16 storage, read as its bit patterns
+    names.append("segment_reduce")  # not a template
     return names
 
 
@@ -102,7 +105,9 @@ def segment_sums(K, rows, clusters, coeffs, S):
     """In place: S[i, clusters[p]] += coeffs[p] * K[rows[p], i]; see :func:`kkmgpu._cpu_kernels.segment_sums`.
 
     One pass over the entries' rows of K with no one-hot operand (``segment_sums`` in
-    kernels_cuda/kernel_kmeans.cu): threads own columns, grid.y chunks of entries, atomics flush.
+    kernels_cuda/kernel_kmeans.cu): threads own columns and a piece of one cluster's entries (grid.y), and
+    the pieces are added in a fixed order (``segment_reduce``), with no atomics: the same inputs give the same
+    bits on every run. ``clusters`` must be non-decreasing (the driver sorts the entries by cluster).
     """
     cp = import_cupy()
     n = K.shape[0]
@@ -112,15 +117,25 @@ def segment_sums(K, rows, clusters, coeffs, S):
     if not (K.flags.c_contiguous and S.flags.c_contiguous and S.dtype == cp.float64):
         raise ValueError("segment_sums needs a C-contiguous K and a C-contiguous float64 S")
     k = S.shape[1]
+    clusters = cp.ascontiguousarray(clusters, dtype=cp.int32)
+    # cluster c's entries start at starts[c] (empty clusters: empty ranges), found without a transfer
+    starts = cp.searchsorted(clusters, cp.arange(k + 1, dtype=cp.int32)).astype(cp.int64)
     blocks_x = (n + _THREADS - 1) // _THREADS
-    chunks = int(min(n_entries, max(1, _TARGET_THREADS // (blocks_x * _THREADS))))
-    per_chunk = (n_entries + chunks - 1) // chunks
-    chunks = (n_entries + per_chunk - 1) // per_chunk
-    _function("segment_sums", K.dtype)(
-        (blocks_x, chunks), (_THREADS,),
-        (K, cp.ascontiguousarray(rows, dtype=cp.int64), cp.ascontiguousarray(clusters, dtype=cp.int32),
-         cp.ascontiguousarray(coeffs, dtype=cp.float64), S, np.int64(n), np.int32(k),
-         np.int64(n_entries), np.int64(per_chunk)))
+    # pieces per cluster: enough threads to fill the device, no more than a cluster's average entries
+    pieces = max(1, min(_TARGET_THREADS // (blocks_x * _THREADS * k), -(-n_entries // k), _MAX_GRID_Y))
+    per_launch = max(1, _MAX_GRID_Y // pieces)  # clusters per launch (grid.y <= 65,535)
+    partial = cp.empty((min(k, per_launch) * pieces, n), dtype=cp.float64) if pieces > 1 else S
+    function = _function("segment_sums", K.dtype)
+    reduce = _module(cp.cuda.runtime.getDevice()).get_function("segment_reduce")
+    rows = cp.ascontiguousarray(rows, dtype=cp.int64)
+    coeffs = cp.ascontiguousarray(coeffs, dtype=cp.float64)
+    for c0 in range(0, k, per_launch):
+        count = min(per_launch, k - c0)
+        function((blocks_x, count * pieces), (_THREADS,),
+                 (K, rows, coeffs, starts, S, partial, np.int64(n), np.int32(k), np.int32(c0), np.int32(pieces)))
+        if pieces > 1:
+            reduce((blocks_x,), (_THREADS,),
+                   (partial, S, np.int64(n), np.int32(k), np.int32(c0), np.int32(count), np.int32(pieces)))
     return S
 
 
@@ -149,13 +164,18 @@ def block_cluster_sums(B, labels, weights, k):
 
 
 def cluster_totals(labels, weights, own, k):
-    """Weighted sizes and within-cluster totals, as host float64 (k,): scatter-adds, one transfer."""
+    """Weighted sizes and within-cluster totals, as host float64 (k,), one transfer.
+
+    Summed as [w; w * own] @ one-hot (a cuBLAS product, n x k like S) rather than with atomic scatter-adds,
+    whose order changes from run to run: the totals set the distances' offsets, so they must be reproducible
+    for the labels to be.
+    """
     cp = import_cupy()
-    out = cp.zeros((2, k), dtype=cp.float64)
-    add = import_cupyx().scatter_add  # no host synchronisation (cupy.bincount has two)
-    add(out[0], labels, weights)
-    add(out[1], labels, weights * own)
-    out = out.get()
+    n = labels.shape[0]
+    one_hot = cp.zeros((n, k), dtype=cp.float64)
+    one_hot[cp.arange(n), labels] = 1.0
+    values = cp.stack([weights.astype(cp.float64, copy=False), weights * own])
+    out = (values @ one_hot).get()
     return out[0], out[1]
 
 

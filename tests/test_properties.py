@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 from reference import assign_new_points, kernel_kmeans_objective, kernel_matrix
-from sklearn.metrics import normalized_mutual_info_score
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 import kkmgpu
 import kkmgpu.metrics
@@ -137,13 +137,38 @@ def test_more_restarts_never_worse(init, device):
     assert best.objective <= singles[0] * (1 + 1e-12)
 
 
+def test_same_inputs_same_bits(device):
+    """Two runs with the same inputs and seed give identical labels and objectives, and the bandwidth search
+    the same bandwidth. On a GPU this needs cluster sums that add in a fixed order: with chunks of entries
+    flushed by atomics in any order, three searches on an H100 once chose gamma 1.3107, 1.3226 and 1.3198."""
+    import conftest
+
+    n = 8192 if conftest.GPU_MODE == "gpu" and device == "cuda" else 600
+    rng = np.random.default_rng(8)
+    X = np.concatenate([rng.normal(c, 0.4, size=(n // 4, 3)) for c in (0.0, 3.0, 6.0, 9.0)])
+    init = rng.integers(0, 4, n)
+    for dtype in ("float32", "float64"):
+        runs = [quiet_fit(X, 4, init="k-means++", n_init=3, random_state=5, dtype=dtype, device=device,
+                          engine="dense") for _ in range(2)]
+        np.testing.assert_array_equal(host(runs[0].labels), host(runs[1].labels))
+        assert runs[0].objective == runs[1].objective
+        np.testing.assert_array_equal(runs[0].objective_history, runs[1].objective_history)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        searches = [kkmgpu.search_bandwidth(X, 4, device=device, init=init, max_values=6) for _ in range(2)]
+    assert [c.gamma for c in searches[0].clusterings] == [c.gamma for c in searches[1].clusterings]
+    assert searches[0].best_index == searches[1].best_index
+
+
 def test_n_init_auto(device):
     X, _ = blobs(150, 2, 3, 12)
     # An explicit int restarts; "auto" is 10 for "random" and 1 for "k-means++".
     auto_random = quiet_fit(X, 3, init="random", n_init="auto", random_state=1, dtype="float64", device=device)
     ten_random = quiet_fit(X, 3, init="random", n_init=10, random_state=1, dtype="float64", device=device)
     assert auto_random.objective == ten_random.objective
-    np.testing.assert_array_equal(host(auto_random.labels), host(ten_random.labels))
+    # the same partition; its numbering may differ on a GPU, where restarts reaching the same partition under
+    # other numberings have objectives that differ in the last bits (atomic accumulation), so another one wins
+    assert adjusted_rand_score(host(auto_random.labels), host(ten_random.labels)) == 1.0
     auto_pp = quiet_fit(X, 3, init="k-means++", n_init="auto", random_state=1, dtype="float64", device=device)
     one_pp = quiet_fit(X, 3, init="k-means++", n_init=1, random_state=1, dtype="float64", device=device)
     np.testing.assert_array_equal(host(auto_pp.labels), host(one_pp.labels))

@@ -112,9 +112,15 @@ def test_incremental_update_equals_full_recomputation(backend, n, k, n_moved, dt
     np.testing.assert_allclose(S, expected, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-9)
 
 
+@pytest.mark.parametrize("pieces", ["many", "one"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_segment_sums_accumulates_unsorted_rows_with_signed_coefficients(backend, dtype):
-    """The raw twin: entries sorted by cluster, rows in any order, repeated rows, negative coefficients."""
+def test_segment_sums_accumulates_unsorted_rows_with_signed_coefficients(backend, dtype, pieces, monkeypatch):
+    """The raw twin: entries sorted by cluster, rows in any order, repeated rows, negative coefficients. On a
+    GPU both launch shapes: many pieces per cluster (partial sums, then segment_reduce) and one (into S)."""
+    if backend.is_gpu and pieces == "one":
+        from kkmgpu import _gpu_kernels
+
+        monkeypatch.setattr(_gpu_kernels, "_TARGET_THREADS", 1)
     rng = np.random.default_rng(123)
     n, k, m = 517, 6, 999
     K = _symmetric_kernel(rng, n, dtype)

@@ -185,7 +185,7 @@ def real_case(checks):
             checks.close(f"offgrid_step<{T}> divide={divide}", K, K0 / r if divide else K0 * r, rtol=rtol)
             checks.close(f"offgrid_step<{T}> sqrt", Kp, r, rtol=rtol)
 
-    # segment_sums (float16 storage as its bits too): 2-D grid, chunks of entries
+    # segment_sums (float16 storage as its bits too): 2-D grid, one chunk of entries per cluster
     n, k = 40, 3
     X = rng.normal(size=(n, 2))
     Kf = np.exp(-((X[:, None] - X[None]) ** 2).sum(-1))
@@ -196,12 +196,18 @@ def real_case(checks):
         K = Kf.astype(dtype)
         Kk = K.view(np.uint16) if dtype == np.float16 else K
         S = np.zeros((n, k))
-        chunks, per_chunk = 3, (n + 2) // 3
-        dense.get_function(f"segment_sums<{T}>")(
-            (1, chunks), (256,), (Kk, rows, labels[rows], w[rows], S, i64(n), i32(k), i64(n), i64(per_chunk)))
+        starts = np.searchsorted(labels[rows], np.arange(k + 1)).astype(np.int64)  # cluster c's entries
         Y = np.zeros((n, k))
         Y[np.arange(n), labels] = w
-        checks.close(f"segment_sums<{T}>", S, K.astype(np.float64) @ Y, rtol=1e-12, atol=1e-12)
+        dense.get_function(f"segment_sums<{T}>")(  # one piece per cluster: straight into S
+            (1, k), (256,), (Kk, rows, w[rows], starts, S, S, i64(n), i32(k), i32(0), i32(1)))
+        checks.close(f"segment_sums<{T}> one piece", S, K.astype(np.float64) @ Y, rtol=1e-12, atol=1e-12)
+        pieces, S = 3, np.zeros((n, k))  # three pieces per cluster: partial sums, then segment_reduce
+        partial = np.full((k * pieces, n), np.nan)
+        dense.get_function(f"segment_sums<{T}>")(
+            (1, k * pieces), (256,), (Kk, rows, w[rows], starts, S, partial, i64(n), i32(k), i32(0), i32(pieces)))
+        dense.get_function("segment_reduce")((1,), (256,), (partial, S, i64(n), i32(k), i32(0), i32(k), i32(pieces)))
+        checks.close(f"segment_sums<{T}> + segment_reduce", S, K.astype(np.float64) @ Y, rtol=1e-12, atol=1e-12)
 
     # the tiled engine: t x m tile, row0 > 0 so the unit diagonal lands inside, shared and global sums
     t, m, row0 = 3, 45, 2
