@@ -130,6 +130,23 @@ def test_coefficient_solve(benchmark, device, route, l):
         "offsets_max_rel_diff": float(np.max(np.abs(offsets / reference_offsets - 1.0)))})
 
 
+def test_cats_fit(benchmark, device):
+    """CATS end to end on 5,000 MNIST points (k = 10, default l, theta = 0, from a fixed random partition, at
+    most 20 iterations): the CATS case of ``bench/compare_commits.py`` (a change of structure must not slow it)."""
+    X, _ = datasets.load_mnist(n_samples=5000, random_state=0)
+    init = np.random.default_rng(0).integers(0, 10, len(X))
+
+    def call():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a ConvergenceWarning at max_iter is expected and not measured
+            return kkmgpu.fit(X, 10, method="cats", init=init, max_iter=20, theta=0.0, random_state=0,
+                              device=device)
+
+    result = benchmark.pedantic(call, rounds=3, warmup_rounds=1, iterations=1)
+    benchmark.extra_info.update({"n": len(X), "k": 10, "device": device, "n_iter": int(result.n_iter),
+                                 "objective": float(result.objective)})
+
+
 # ------------------------------------------------------------------------------------------ devices, files
 
 

@@ -811,5 +811,20 @@ def main(argv=None):
     return 0
 
 
+
+def test_search_bandwidth_speed(benchmark, device):
+    """The Off-the-grid search on 2,000 MNIST points (k = 10, at most 8 bandwidths, the paper's defaults
+    otherwise): the search case of ``bench/compare_commits.py``."""
+    X, _ = datasets.load_mnist(n_samples=2000, random_state=0)
+
+    def call():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return kkmgpu.search_bandwidth(X, 10, max_values=8, random_state=0, device=device)
+
+    result = benchmark.pedantic(call, rounds=3, warmup_rounds=1, iterations=1)
+    benchmark.extra_info.update({"n": len(X), "k": 10, "device": device, "n_values": len(result.clusterings),
+                                 "best_gamma": float(result.clusterings[result.best_index].gamma)})
+
 if __name__ == "__main__":
     sys.exit(main())
