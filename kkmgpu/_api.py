@@ -118,7 +118,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         Constant of the polynomial and sigmoid kernels (default 1).
     kernel_params : dict, optional
         Keyword arguments of a callable kernel.
-    method : {"exact", "cats", "eigen"}, default="exact"
+    method : {"exact", "cats", "eigen", "trimmed"}, default="exact"
         "exact" holds the dense n x n kernel matrix on the device. "cats" (Centroid Approximation
         Through Sampling, papers/cats-centroid-approximation.txt) approximates each centroid by the
         best combination of ``n_samples_per_cluster`` sampled members and never forms the n x n
