@@ -1,11 +1,18 @@
 """The Lloyd driver: one implementation of kernel k-means iterations for every backend and operator.
 
 Per iteration it needs only the cluster sums S[i, c] = sum_{j in c} w_j K[i, j] (papers' Eq. 3-4),
-which an *operator* produces (dense K today; sparse, tiled and sampled operators later), the
-weighted sizes n_c = sum_{j in c} w_j and the within-cluster totals C_c = sum_{i in c} w_i S[i, c]:
+which an *operator* produces (dense, sparse, tiled, embedding, and the workers' row blocks of
+:mod:`kkmgpu.dask`), the weighted sizes n_c = sum_{j in c} w_j and the within-cluster totals
+C_c = sum_{i in c} w_i S[i, c]:
 
     dist(i, c) = K_ii - 2 S[i, c] / n_c + C_c / n_c^2        (Eq. 4)
     objective  = sum_i w_i dist(i, label_i) = sum_i w_i K_ii - sum_c C_c / n_c
+
+An operator has ``n``, ``weights``, ``backend``, ``diag``, ``total_diag``, ``rows(index)`` (k-means++),
+``cluster_sums(labels, k)``, ``incremental_cost(n_moved)`` and optionally ``update_cluster_sums``. The driver
+treats S as opaque: an operator whose S is not one array on ``backend`` (the Dask operator: one block per
+worker) also provides ``totals(S, labels, k)``, ``assign(S, sizes, within, labels, counts)`` and
+``cross(S, labels, k)``; the others get the single-device versions below.
 """
 
 from __future__ import annotations
@@ -88,6 +95,8 @@ class LloydRun:
 
 def _totals(operator, S, labels, k, xp):
     """Weighted sizes n_c, within-cluster totals C_c and the objective of ``labels`` from S."""
+    if hasattr(operator, "totals"):
+        return operator.totals(S, labels, k)
     own = xp.take_along_axis(S, labels[:, None].astype(xp.int64), axis=1)[:, 0]
     sizes_h, within_h = operator.backend.ops.cluster_totals(labels, operator.weights, own, k)
     nonempty = sizes_h > 0
@@ -132,15 +141,31 @@ def refill_empty_clusters(new_labels, min_dist, weights, k):
     return still_empty
 
 
+def _assign(operator, S, sizes, within, labels, counts):
+    """The assignment step: (new labels, distance to the chosen centre, number moved); ``counts`` filled in."""
+    if hasattr(operator, "assign"):
+        return operator.assign(S, sizes, within, labels, counts)
+    return operator.backend.ops.assign_labels(S, operator.diag, sizes, within, labels, counts=counts)
+
+
 def _count_distinct_centres(operator, labels, S, sizes, within, k, xp) -> int:
     """Clusters whose feature-space centres are pairwise distinct (duplicate points can merge them)."""
+    if np.count_nonzero(sizes > 0) <= 1:
+        return int(np.count_nonzero(sizes > 0))
+    if hasattr(operator, "cross"):
+        cross = operator.cross(S, labels, k)
+    else:
+        Y = xp.zeros((labels.shape[0], k), dtype=xp.float64)
+        Y[xp.arange(labels.shape[0]), labels] = operator.weights
+        cross = operator.backend.to_host(Y.T @ S)  # cross[a, b] = sum_{i in a} w_i S[i, b] = <m_a, m_b> n_a n_b
+    return distinct_centres(cross, sizes, within)
+
+
+def distinct_centres(cross, sizes, within) -> int:
+    """How many nonempty clusters have pairwise distinct centres, from cross[a, b] = sum_{i in a} w_i S[i, b]."""
     nonempty = np.flatnonzero(sizes > 0)
     if nonempty.size <= 1:
         return int(nonempty.size)
-    w = operator.weights
-    Y = xp.zeros((labels.shape[0], k), dtype=xp.float64)
-    Y[xp.arange(labels.shape[0]), labels] = w
-    cross = operator.backend.to_host(Y.T @ S)  # cross[a, b] = sum_{i in a} w_i S[i, b] = <m_a, m_b> n_a n_b
     norm = within / np.where(sizes > 0, sizes, 1.0) ** 2
     scale = max(float(np.max(np.abs(norm[nonempty]))), np.finfo(float).tiny)
     distinct = []
@@ -184,12 +209,12 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
     converged = False
     stop_reason = "max_iter"
     n_iter = 0
-    prefix = f"[kkmgpu] init {restart}: " if restart is not None else "[kkmgpu] "
+    name = getattr(operator, "log_name", "kkmgpu")
+    prefix = f"[{name}] init {restart}: " if restart is not None else f"[{name}] "
     if verbose:
         print(f"{prefix}iteration 0: objective {objective:.10g}")
     for n_iter in range(1, max_iter + 1):
-        new_labels, min_dist, n_changed = backend.ops.assign_labels(S, operator.diag, sizes, within, labels,
-                                                                    counts=counts)
+        new_labels, min_dist, n_changed = _assign(operator, S, sizes, within, labels, counts)
         if counts.min() == 0 or has_zero_weights:
             labels_h = backend.to_host(new_labels).astype(np.int32)
             if np.bincount(labels_h[weights_h > 0], minlength=k).min() == 0:
@@ -319,7 +344,8 @@ def _restarts(operator, k, init, n_init, max_iter, tol, rng, verbose, update, ba
         bar.update()
         runs.append(run)
         if verbose and n_init > 1:
-            print(f"[kkmgpu] init {r}: objective {run.objective:.10g} after {run.n_iter} iterations")
+            print(f"[{getattr(operator, 'log_name', 'kkmgpu')}] init {r}: objective {run.objective:.10g} after "
+                  f"{run.n_iter} iterations")
         if best is None or run.objective < best.objective:
             best = run
     return best, init_seconds

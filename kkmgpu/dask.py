@@ -8,12 +8,14 @@ How a run is distributed (W workers, n points, d features, k clusters):
 - the rows are split into W contiguous blocks, one per worker; every worker also holds the prepared
   features of *all* n points (the columns of its kernel tiles), gathered once from the Dask array's
   chunks: O(n d) memory per worker, plus its block's n_b x k cluster sums and one kernel tile;
-- exact (method="exact"): each iteration every worker computes the cluster sums S of its rows against
-  all points with the tiled engine (:class:`kkmgpu._tiled.TiledKernelOperator`, incremental when few
-  points moved), and returns the k-sized partial sizes and within-cluster totals; the client reduces
-  them, sends the totals back, every worker assigns its rows, and the client gathers the n labels
-  (int32) and broadcasts them. Per iteration and worker: 4 n bytes of labels in, 4 n_b bytes of labels
-  and O(k) numbers out;
+- exact (method="exact"): the single-device Lloyd driver (:func:`kkmgpu._lloyd.run_restarts`) runs on the
+  client over an operator whose cluster sums are the workers' row blocks (:class:`_DaskOperator`): each
+  iteration every worker computes the cluster sums S of its rows against all points with the tiled engine
+  (:class:`kkmgpu._tiled.TiledKernelOperator`, incremental when few points moved), and returns the k-sized
+  partial sizes and within-cluster totals; the client reduces them, sends the totals back, every worker
+  assigns its rows, and the client gathers the n labels (int32) and broadcasts them. Restarts, stopping
+  rules, the full refresh and the empty-cluster refill are the driver's own. Per iteration and worker:
+  4 n bytes of labels in, 4 n_b bytes of labels and O(k) numbers out;
 - CATS (method="cats"): the client samples the l points per cluster (same random stream as
   :func:`kkmgpu.fit`), the workers return their rows' partial L_c w_c (k x l numbers), the client
   computes the coefficients alpha (k x l) and broadcasts them, the workers assign their rows.
@@ -34,7 +36,8 @@ import numpy as np
 
 from . import _cats, _kernels, _validation
 from ._backend import Backend, resolve_device
-from ._lloyd import FULL_REFRESH_EVERY, ConvergenceWarning, initial_labels, refill_empty_clusters
+from . import _lloyd
+from ._lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
 from ._result import KernelKMeansResult
 from ._tiled import TiledKernelOperator
 
@@ -228,21 +231,77 @@ class _Cluster:
         return self.client.scatter(array, broadcast=True, hash=False)
 
 
-class _SeedingRows:
-    """k-means++ rows from the workers (the operator interface :func:`kkmgpu._lloyd.kmeans_plus_plus` reads)."""
+class _LazyParts:
+    """Item ``index`` of each block's result, concatenated on the client only when asked (``np.asarray``)."""
 
-    def __init__(self, cluster, weights_h, diag_h):
-        self.cluster, self.weights, self.diag = cluster, weights_h, diag_h
+    def __init__(self, cluster, futures, index):
+        self.cluster, self.futures, self.index = cluster, futures, index
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.concatenate(self.cluster.parts(self.futures, self.index))
+        return out if dtype is None else out.astype(dtype)
+
+
+class _DaskOperator:
+    """The Lloyd driver's operator (:mod:`kkmgpu._lloyd`) over the workers' row blocks.
+
+    S is one future per block (its rows' cluster sums, on the worker's device); labels live on the client and
+    are broadcast once per labelling. ``totals``, ``assign`` and ``cross`` reduce the blocks' k-sized parts on
+    the client, so :func:`kkmgpu._lloyd.lloyd` runs unchanged: its stopping rules, incremental updates, refresh
+    and empty-cluster refill are the single-device ones. ``rows`` serves k-means++ (every worker holds all
+    features: the blocks take turns)."""
+
+    log_name = "kkmgpu.dask"
+
+    def __init__(self, cluster, weights_h, diag_h, total_diag):
+        self.cluster, self.weights, self.diag, self.total_diag = cluster, weights_h, diag_h, total_diag
         self.backend = Backend("cpu")
         self.n = weights_h.shape[0]
         self._next = 0
+        self._broadcast = []  # (labels array, its future): the few most recent labellings
+
+    def _future(self, labels):
+        for array, future in self._broadcast:
+            if array is labels:
+                return future
+        future = self.cluster.broadcast(labels)
+        self._broadcast = [(labels, future)] + self._broadcast[:2]
+        return future
+
+    def _per_block(self, fn, S, *args):  # fn(block, its cluster sums, *args) on the block's worker
+        return self.cluster.map(fn, *args, per_block=[(s,) for s in S], first=True)
 
     def rows(self, index):
-        b = self._next % len(self.cluster.blocks)  # every worker has all features: take turns
+        b = self._next % len(self.cluster.blocks)
         self._next += 1
         future = self.cluster.client.submit(_block_rows, self.cluster.blocks[b], np.asarray(index, dtype=np.int64),
                                             workers=[self.cluster.addresses[b]], pure=False)
         return future.result()
+
+    def cluster_sums(self, labels, k):
+        return self.cluster.map(_block_cluster_sums, self._future(labels), k)
+
+    def incremental_cost(self, n_moved):
+        """As the tiled engine's: tiles against the moved points relative to a full pass."""
+        return n_moved / max(1, self.n)
+
+    def update_cluster_sums(self, S, old_labels, new_labels):
+        return self._per_block(_block_update, S, self._future(old_labels), self._future(new_labels))
+
+    def totals(self, S, labels, k):
+        sizes, within = np.sum(self.cluster.gather(self._per_block(_block_totals, S, self._future(labels), k)),
+                               axis=0)
+        nonempty = sizes > 0
+        return sizes, within, self.total_diag - float(np.sum(within[nonempty] / sizes[nonempty]))
+
+    def assign(self, S, sizes, within, labels, counts):
+        assigned = self._per_block(_block_assign, S, self._future(labels), sizes, within)
+        new_labels = np.concatenate(self.cluster.parts(assigned, 0))
+        counts[:] = np.sum(self.cluster.parts(assigned, 2), axis=0)
+        return new_labels, _LazyParts(self.cluster, assigned, 1), int((new_labels != labels).sum())
+
+    def cross(self, S, labels, k):
+        return np.sum(self.cluster.gather(self._per_block(_block_cross, S, self._future(labels), k)), axis=0)
 
 
 def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dtype):
@@ -287,84 +346,6 @@ def _check_dask_array(X):
     if X.dtype.kind == "f" and not bool(da.isfinite(X).all().compute()):
         raise ValueError("X contains NaN or infinity; every value must be finite.")
     return X
-
-
-def _distinct_centres(cross, sizes, within):
-    """Clusters whose feature-space centres are pairwise distinct (as :mod:`kkmgpu._lloyd` counts them)."""
-    nonempty = np.flatnonzero(sizes > 0)
-    if nonempty.size <= 1:
-        return int(nonempty.size)
-    norm = within / np.where(sizes > 0, sizes, 1.0) ** 2
-    scale = max(float(np.max(np.abs(norm[nonempty]))), np.finfo(float).tiny)
-    distinct = []
-    for a in nonempty:
-        if all(norm[a] + norm[b] - 2.0 * cross[a, b] / (sizes[a] * sizes[b]) > 1e-7 * scale for b in distinct):
-            distinct.append(a)
-    return len(distinct)
-
-
-def _lloyd(cluster, weights_h, total_diag, labels0, k, *, max_iter, tol, update, verbose, restart):
-    """Exact kernel k-means iterations over the blocks; the steps of :func:`kkmgpu._lloyd.lloyd`."""
-    t0 = time.perf_counter()
-    n = weights_h.shape[0]
-    has_zero_weights = bool((weights_h == 0).any())
-    prefix = f"[kkmgpu.dask] init {restart}: " if restart is not None else "[kkmgpu.dask] "
-    labels = np.asarray(labels0, dtype=np.int32)
-    labels_f = cluster.broadcast(labels)
-    S = cluster.map(_block_cluster_sums, labels_f, k)
-
-    def per_block(fn, S, *args):  # fn(block, its cluster sums, *args) on the block's worker
-        return cluster.map(fn, *args, per_block=[(s,) for s in S], first=True)
-
-    def totals(S, labels_f):
-        sizes, within = np.sum(cluster.gather(per_block(_block_totals, S, labels_f, k)), axis=0)
-        nonempty = sizes > 0
-        return sizes, within, total_diag - float(np.sum(within[nonempty] / sizes[nonempty]))
-
-    sizes, within, objective = totals(S, labels_f)
-    history = [objective]
-    since_full, converged, stop_reason, n_iter = 0, False, "max_iter", 0
-    if verbose:
-        print(f"{prefix}iteration 0: objective {objective:.10g}")
-    for n_iter in range(1, max_iter + 1):
-        assigned = per_block(_block_assign, S, labels_f, sizes, within)
-        new_labels = np.concatenate(cluster.parts(assigned, 0))
-        counts = np.sum(cluster.parts(assigned, 2), axis=0)
-        if counts.min() == 0 or has_zero_weights:
-            if np.bincount(new_labels[weights_h > 0], minlength=k).min() == 0:
-                dist = np.concatenate(cluster.parts(assigned, 1))
-                refill_empty_clusters(new_labels, dist, weights_h, k)
-        n_changed = int((new_labels != labels).sum())
-        if n_changed == 0:
-            converged, stop_reason = True, "no point moved"
-            if verbose:
-                print(f"{prefix}iteration {n_iter}: no point changed cluster, converged")
-            break
-        new_f = cluster.broadcast(new_labels)
-        use_incremental = (update == "incremental" or (update == "auto" and n_changed / n < 1.0)) \
-            and since_full < FULL_REFRESH_EVERY
-        if use_incremental:
-            S = per_block(_block_update, S, labels_f, new_f)
-            since_full += 1
-        else:
-            S = cluster.map(_block_cluster_sums, new_f, k)
-            since_full = 0
-        labels, labels_f = new_labels, new_f
-        sizes, within, new_objective = totals(S, labels_f)
-        history.append(new_objective)
-        if verbose:
-            print(f"{prefix}iteration {n_iter}: objective {new_objective:.10g}, {n_changed} points moved")
-        done = abs(objective - new_objective) <= tol * abs(objective)
-        objective = new_objective
-        if done:
-            converged, stop_reason = True, "relative objective change <= tol"
-            if verbose:
-                print(f"{prefix}relative objective change <= tol={tol:g}, converged")
-            break
-    cross = np.sum(cluster.gather(per_block(_block_cross, S, labels_f, k)), axis=0)
-    return dict(labels=labels, objective=objective, history=history, n_iter=n_iter, converged=converged,
-                sizes=sizes, within=within, stop_reason=stop_reason, seconds=time.perf_counter() - t0,
-                n_distinct=_distinct_centres(cross, sizes, within))
 
 
 def _cats_run(cluster, spec, dtype, weights_h, diag_h, labels0, k, *, l, max_iter, window, theta, rcond, rng,
@@ -532,29 +513,30 @@ random_state, verbose, update, tf32
     total_diag = float(sum(i[2] for i in info))
     del parts
     t_prepared = time.perf_counter()
-    seeding = _SeedingRows(cluster, weights_h, diag_h)
+    operator = _DaskOperator(cluster, weights_h, diag_h, total_diag)
 
-    runs, init_seconds = [], 0.0
-    for r in range(n_init):
-        t0 = time.perf_counter()
-        labels0 = initial_labels(init, n, k, rng, seeding)
-        init_seconds += time.perf_counter() - t0
-        restart = r if n_init > 1 else None
-        if method == "exact":
-            run = _lloyd(cluster, weights_h, total_diag, labels0, k, max_iter=max_iter, tol=tol, update=update,
-                         verbose=verbose, restart=restart)
-        else:
-            run = _cats_run(cluster, spec, ct, weights_h, diag_h, labels0, k, l=cats_params["l"], max_iter=max_iter,
-                            window=cats_params["window"], theta=cats_params["theta"], rcond=cats_params["rcond"],
-                            rng=rng, verbose=verbose, restart=restart)
-        runs.append(run)
-    best = min(runs, key=lambda run: run["objective"])
-    if not best["converged"]:
-        warnings.warn(f"kernel k-means did not converge in max_iter={max_iter} iterations; increase max_iter.",
-                      ConvergenceWarning, stacklevel=2)
-    if method == "exact" and best["n_distinct"] < k:
-        warnings.warn(f"Number of distinct clusters ({best['n_distinct']}) found smaller than n_clusters ({k}). "
-                      "Possibly due to duplicate points in X.", ConvergenceWarning, stacklevel=2)
+    if method == "exact":  # the single-device driver, restarts and warnings, on the workers' blocks
+        best_run, lloyd_runs, init_seconds = _lloyd.run_restarts(
+            operator, k, init=init, n_init=n_init, max_iter=max_iter, tol=tol, rng=rng, verbose=verbose,
+            update=update, progress=False)
+        runs = [dict(objective=r.objective, seconds=r.seconds) for r in lloyd_runs]
+        best = dict(labels=best_run.labels, objective=best_run.objective, history=best_run.history,
+                    n_iter=best_run.n_iter, converged=best_run.converged, sizes=best_run.sizes,
+                    within=best_run.within, stop_reason=best_run.stop_reason)
+    else:
+        runs, init_seconds = [], 0.0
+        for r in range(n_init):
+            t0 = time.perf_counter()
+            labels0 = initial_labels(init, n, k, rng, operator)
+            init_seconds += time.perf_counter() - t0
+            runs.append(_cats_run(cluster, spec, ct, weights_h, diag_h, labels0, k, l=cats_params["l"],
+                                  max_iter=max_iter, window=cats_params["window"], theta=cats_params["theta"],
+                                  rcond=cats_params["rcond"], rng=rng, verbose=verbose,
+                                  restart=r if n_init > 1 else None))
+        best = min(runs, key=lambda run: run["objective"])
+        if not best["converged"]:
+            warnings.warn(f"kernel k-means did not converge in max_iter={max_iter} iterations; increase max_iter.",
+                          ConvergenceWarning, stacklevel=2)
     features = None
     if keep_features:
         features = client.submit(_block_features, blocks[0], workers=[addresses[0]], pure=False).result()
