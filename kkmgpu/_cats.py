@@ -317,79 +317,98 @@ class CatsRun:
     seconds: float
 
 
-def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window, theta, rcond,
-         rng, verbose=False, restart=None, diag=None, callback=None):
-    """CATS iterations from ``init_labels``; see the module docstring.
+class DevicePasses:
+    """CATS's two passes over all n rows on one device: the n x (k L) block against the samples in row tiles
+    (kept between the passes when it fits), the coefficients on the same device.
 
-    ``callback``, if given, is called after every iteration with a dict: restart (None for a single run),
-    iteration, max_iter, distortion (the approximate distortion), moved (points that changed cluster) and
-    samples_per_cluster (this iteration's L); a hook for progress reports.
-    """
-    backend = source.backend
-    xp = backend.xp
+    The loop (:func:`iterate`) asks: ``begin(labels_h, k, width, l)``, ``centroids(index, mask, sizes_h, rcond,
+    full, alpha_full)`` -> (alpha, offsets) with pass 1 inside, ``assign(alpha, offsets, nonempty)`` -> (host
+    new labels, distances on ``backend``), and ``distortion(dist)``. :mod:`kkmgpu.dask` has the same over the
+    workers' row blocks."""
+
+    log_name = "kkmgpu"
+
+    def __init__(self, source: KernelSource, weights_h, diag):
+        self.source, self.backend, self.diag = source, source.backend, diag
+        self.weights = self.backend.asarray(weights_h)
+        self.n = source.n
+
+    def begin(self, labels_h, k, width, l):
+        self.labels = self.backend.asarray(labels_h)
+        self.k, self.width = k, width
+        self.step, self.cache = iteration_plan(self.n, k, width, self.source.itemsize, self.backend, l)
+
+    def centroids(self, index, mask, sizes_h, rcond, full, alpha_full):
+        # pass 1: L_c w_c = sum_{i in c} w_i K(S_c, x_i), from row tiles of the n x (k L) block (only the clusters
+        # sampled in part need it)
+        backend, xp, k, width = self.backend, self.backend.xp, self.k, self.width
+        index_d = backend.asarray(index.ravel())
+        self.samples = self.source.take(index_d)
+        sampled_in_part = not full.all()
+        self.cache = self.cache and sampled_in_part
+        Lw = xp.zeros((k, width), dtype=xp.float64)
+        self.blocks = []
+        for i0 in range(0, self.n if sampled_in_part else 0, self.step):
+            i1 = min(self.n, i0 + self.step)
+            B = self.source.block(i0, i1, self.samples)
+            lab = self.labels[i0:i1]
+            own = B.reshape(i1 - i0, k, width)[xp.arange(i1 - i0), lab].astype(xp.float64)  # (t, L)
+            Y = xp.zeros((i1 - i0, k), dtype=xp.float64)
+            Y[xp.arange(i1 - i0), lab] = self.weights[i0:i1]
+            Lw += Y.T @ own
+            if self.cache:
+                self.blocks.append(B)
+        return _centroid_coefficients(self.source, self.samples, backend, backend.asarray(mask.astype(np.float64)),
+                                      Lw, sizes_h, rcond, self.diag[index_d], full=full, alpha_full=alpha_full)
+
+    def assign(self, alpha, offsets, nonempty):
+        # pass 2: every point to the nearest approximate centroid
+        backend, xp = self.backend, self.backend.xp
+        T = xp.empty((self.n, self.k), dtype=xp.float64)
+        for b, i0 in enumerate(range(0, self.n, self.step)):
+            i1 = min(self.n, i0 + self.step)
+            B = self.blocks[b] if self.cache else self.source.block(i0, i1, self.samples)
+            T[i0:i1] = _project(B, alpha, xp)
+        self.blocks = []
+        new_labels, min_dist, _ = backend.ops.assign_labels(T, self.diag, nonempty.astype(np.float64), offsets,
+                                                             self.labels)
+        return backend.to_host(new_labels).astype(np.int32), min_dist
+
+    def distortion(self, dist):
+        return float((self.weights * self.backend.asarray(dist)).sum())
+
+
+def iterate(passes, weights_h, k, init_labels, *, l, max_iter, window, theta, rcond, rng, verbose=False,
+            restart=None, callback=None) -> CatsRun:
+    """CATS iterations from ``init_labels`` over ``passes`` (:class:`DevicePasses`, or the Dask workers' blocks):
+    sampling, the fully sampled clusters' exact centroids, the empty-cluster refill and the stopping rules are
+    here, once; the passes over the rows are the ``passes``' own. See the module docstring."""
+    backend = passes.backend
     t0 = backend.timer()
-    n = source.n
-    weights = backend.asarray(weights_h)
-    if diag is None:
-        diag = source.diagonal()
-    itemsize = source.itemsize
     labels_h = np.asarray(init_labels, dtype=np.int32).copy()
-    labels = backend.asarray(labels_h)
     history = []
     converged, stop_reason = False, "max_iter"
-    prefix = f"[kkmgpu] cats init {restart}: " if restart is not None else "[kkmgpu] cats "
+    name = getattr(passes, "log_name", "kkmgpu")
+    prefix = f"[{name}] cats init {restart}: " if restart is not None else f"[{name}] cats "
     state = None
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
         sizes_h = np.bincount(labels_h, weights=weights_h, minlength=k)
         width = sample_width(labels_h, weights_h, k, l)
-        step, cache = iteration_plan(n, k, width, itemsize, backend, l)
+        passes.begin(labels_h, k, width, l)
         index, mask = _sample(labels_h, weights_h, k, l, rng)
         full, alpha_full = full_clusters(labels_h, weights_h, index, mask, sizes_h)
-        index_d = backend.asarray(index.ravel())
-        samples = source.take(index_d)
-        mask_d = backend.asarray(mask.astype(np.float64))
-
-        # pass 1: L_c w_c = sum_{i in c} w_i K(S_c, x_i), from row tiles of the n x (k L) block (only the clusters
-        # sampled in part need it)
-        sampled_in_part = not full.all()
-        cache = cache and sampled_in_part
-        Lw = xp.zeros((k, width), dtype=xp.float64)
-        blocks = []
-        for i0 in range(0, n if sampled_in_part else 0, step):
-            i1 = min(n, i0 + step)
-            B = source.block(i0, i1, samples)
-            lab = labels[i0:i1]
-            own = B.reshape(i1 - i0, k, width)[xp.arange(i1 - i0), lab].astype(xp.float64)  # (t, L)
-            Y = xp.zeros((i1 - i0, k), dtype=xp.float64)
-            Y[xp.arange(i1 - i0), lab] = weights[i0:i1]
-            Lw += Y.T @ own
-            if cache:
-                blocks.append(B)
-        alpha, offsets = _centroid_coefficients(source, samples, backend, mask_d, Lw, sizes_h, rcond,
-                                                diag[index_d], full=full, alpha_full=alpha_full)
-
-        # pass 2: assign every point to the nearest approximate centroid
-        T = xp.empty((n, k), dtype=xp.float64)
-        for b, i0 in enumerate(range(0, n, step)):
-            i1 = min(n, i0 + step)
-            B = blocks[b] if cache else source.block(i0, i1, samples)
-            T[i0:i1] = _project(B, alpha, xp)
-        del blocks
+        alpha, offsets = passes.centroids(index, mask, sizes_h, rcond, full, alpha_full)
         nonempty = sizes_h > 0
-        new_labels, min_dist, n_changed = backend.ops.assign_labels(
-            T, diag, nonempty.astype(np.float64), offsets, labels)
-        new_h = backend.to_host(new_labels).astype(np.int32)
+        new_h, dist = passes.assign(alpha, offsets, nonempty)
         if np.bincount(new_h[weights_h > 0], minlength=k).min() == 0:
-            dist_h = backend.to_host(min_dist)
-            refill_empty_clusters(new_h, dist_h, weights_h, k)
-            new_labels = backend.asarray(new_h)
-            min_dist = backend.asarray(dist_h)
-            n_changed = int((new_h != labels_h).sum())
-        distortion = float((weights * min_dist).sum())
+            dist = np.array(backend.to_host(dist), dtype=np.float64)
+            refill_empty_clusters(new_h, dist, weights_h, k)
+        n_changed = int((new_h != labels_h).sum())
+        distortion = passes.distortion(dist)
         history.append(distortion)
         state = CatsState(index=index, alpha=alpha, offsets=offsets, nonempty=nonempty)
-        labels, labels_h = new_labels, new_h
+        labels_h = new_h
         if verbose:
             print(f"{prefix}iteration {n_iter}: approximate distortion {distortion:.10g}, {n_changed} points moved")
         if callback is not None:
@@ -404,9 +423,42 @@ def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window
             break
     if verbose:
         print(f"{prefix}stopped after {n_iter} iterations: {stop_reason}")
-    return CatsRun(labels=labels, objective=history[-1], history=history, n_iter=n_iter, converged=converged,
-                   stop_reason=stop_reason, sizes=np.bincount(labels_h, weights=weights_h, minlength=k),
-                   state=state, seconds=backend.timer() - t0)
+    return CatsRun(labels=backend.asarray(labels_h), objective=history[-1], history=history, n_iter=n_iter,
+                   converged=converged, stop_reason=stop_reason,
+                   sizes=np.bincount(labels_h, weights=weights_h, minlength=k), state=state,
+                   seconds=backend.timer() - t0)
+
+
+def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window, theta, rcond,
+         rng, verbose=False, restart=None, diag=None, callback=None):
+    """CATS iterations from ``init_labels`` on one device; see the module docstring.
+
+    ``callback``, if given, is called after every iteration with a dict: restart (None for a single run),
+    iteration, max_iter, distortion (the approximate distortion), moved (points that changed cluster) and
+    samples_per_cluster (this iteration's L); a hook for progress reports.
+    """
+    passes = DevicePasses(source, weights_h, source.diagonal() if diag is None else diag)
+    return iterate(passes, weights_h, k, init_labels, l=l, max_iter=max_iter, window=window, theta=theta,
+                   rcond=rcond, rng=rng, verbose=verbose, restart=restart, callback=callback)
+
+
+def restarts(make_labels, run, n_init, max_iter, stacklevel=4):
+    """CATS from ``n_init`` initialisations (``make_labels()`` draws one, ``run(labels0, restart)`` iterates):
+    the lowest final approximate distortion wins. Returns (best, runs, seconds spent initialising); the
+    warning's ``stacklevel`` counts from here."""
+    best, runs, init_seconds = None, [], 0.0
+    for r in range(n_init):
+        t0 = time.perf_counter()
+        labels0 = make_labels()
+        init_seconds += time.perf_counter() - t0
+        result = run(labels0, r if n_init > 1 else None)
+        runs.append(result)
+        if best is None or result.objective < best.objective:
+            best = result
+    if not best.converged:
+        warnings.warn(f"CATS did not meet its stopping rule in max_iter={max_iter} iterations; increase "
+                      "max_iter or theta.", ConvergenceWarning, stacklevel=stacklevel)
+    return best, runs, init_seconds
 
 
 def exact_objective(source: KernelSource, labels_h, weights_h, k, diag=None, tile=2048):
@@ -444,18 +496,12 @@ def run_restarts(source: KernelSource, weights_h, k, *, init, n_init, max_iter, 
     :func:`cats`; restart is the initialisation's number when n_init > 1)."""
     backend = source.backend
     diag = source.diagonal()
-    best, runs, init_seconds = None, [], 0.0
-    for r in range(n_init):
-        t0 = time.perf_counter()
-        labels0 = initial_labels(init, source.n, k, rng, _SourceRows(source, backend.asarray(weights_h), diag))
-        init_seconds += time.perf_counter() - t0
-        run = cats(source, weights_h, k, labels0, l=l, max_iter=max_iter, window=window, theta=theta,
-                   rcond=rcond, rng=rng, verbose=verbose, restart=r if n_init > 1 else None, diag=diag,
-                   callback=callback)
-        runs.append(run)
-        if best is None or run.objective < best.objective:
-            best = run
-    if not best.converged:
-        warnings.warn(f"CATS did not meet its stopping rule in max_iter={max_iter} iterations; increase "
-                      "max_iter or theta.", ConvergenceWarning, stacklevel=3)
+    seeding = _SourceRows(source, backend.asarray(weights_h), diag)
+    passes = DevicePasses(source, weights_h, diag)
+    best, runs, init_seconds = restarts(
+        lambda: initial_labels(init, source.n, k, rng, seeding),
+        lambda labels0, restart: iterate(passes, weights_h, k, labels0, l=l, max_iter=max_iter, window=window,
+                                         theta=theta, rcond=rcond, rng=rng, verbose=verbose, restart=restart,
+                                         callback=callback),
+        n_init, max_iter)
     return best, runs, init_seconds, diag

@@ -16,8 +16,9 @@ How a run is distributed (W workers, n points, d features, k clusters):
   assigns its rows, and the client gathers the n labels (int32) and broadcasts them. Restarts, stopping
   rules, the full refresh and the empty-cluster refill are the driver's own. Per iteration and worker:
   4 n bytes of labels in, 4 n_b bytes of labels and O(k) numbers out;
-- CATS (method="cats"): the client samples the l points per cluster (same random stream as
-  :func:`kkmgpu.fit`), the workers return their rows' partial L_c w_c (k x l numbers), the client
+- CATS (method="cats"): CATS's own loop and restarts (:func:`kkmgpu._cats.iterate`, :func:`kkmgpu._cats.restarts`)
+  run on the client over :class:`_DaskCatsPasses`: the client samples the l points per cluster (same random
+  stream as :func:`kkmgpu.fit`), the workers return their rows' partial L_c w_c (k x l numbers), the client
   computes the coefficients alpha (k x l) and broadcasts them, the workers assign their rows.
 
 From the same initial labels (and the same ``random_state`` for CATS) the labels equal those of
@@ -30,14 +31,13 @@ from __future__ import annotations
 
 import operator
 import time
-import warnings
 
 import numpy as np
 
 from . import _cats, _kernels, _validation
 from ._backend import Backend, resolve_device
 from . import _lloyd
-from ._lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
+from ._lloyd import initial_labels
 from ._result import KernelKMeansResult
 from ._tiled import TiledKernelOperator
 
@@ -348,51 +348,37 @@ def _check_dask_array(X):
     return X
 
 
-def _cats_run(cluster, spec, dtype, weights_h, diag_h, labels0, k, *, l, max_iter, window, theta, rcond, rng,
-              verbose, restart):
-    """CATS iterations over the blocks; the steps of :func:`kkmgpu._cats.cats`."""
-    t0 = time.perf_counter()
-    host = Backend("cpu")
-    labels_h = np.asarray(labels0, dtype=np.int32).copy()
-    history, converged, stop_reason, state, n_iter = [], False, "max_iter", None, 0
-    prefix = f"[kkmgpu.dask] cats init {restart}: " if restart is not None else "[kkmgpu.dask] cats "
-    for n_iter in range(1, max_iter + 1):
-        labels_f = cluster.broadcast(labels_h)
-        sizes_h = np.bincount(labels_h, weights=weights_h, minlength=k)
-        index, mask = _cats._sample(labels_h, weights_h, k, l, rng)
-        full, alpha_full = _cats.full_clusters(labels_h, weights_h, index, mask, sizes_h)
-        Lw = np.sum(cluster.gather(cluster.map(_block_cats_sums, labels_f, index)), axis=0)
+class _DaskCatsPasses:
+    """CATS's two passes over the workers' row blocks, for :func:`kkmgpu._cats.iterate`: each worker returns its
+    rows' partial L_c w_c, the client computes the coefficients from the samples' features (fetched from one
+    worker) and broadcasts them, each worker assigns its rows."""
+
+    log_name = "kkmgpu.dask"
+
+    def __init__(self, cluster, spec, weights_h, diag_h):
+        self.cluster, self.spec, self.weights, self.diag = cluster, spec, weights_h, diag_h
+        self.backend = Backend("cpu")
+
+    def begin(self, labels_h, k, width, l):
+        self.labels_f = self.cluster.broadcast(labels_h)
+
+    def centroids(self, index, mask, sizes_h, rcond, full, alpha_full):
+        cluster = self.cluster
+        self.index = index
+        Lw = np.sum(cluster.gather(cluster.map(_block_cats_sums, self.labels_f, index)), axis=0)
         samples = cluster.client.submit(_block_samples, cluster.blocks[0], index, workers=[cluster.addresses[0]],
                                         pure=False).result()
-        source = _cats.KernelSource(samples, spec, host)
-        alpha, offsets = _cats._centroid_coefficients(source, samples, host, mask.astype(np.float64), Lw, sizes_h,
-                                                      rcond, diag_h[index.ravel()], full=full, alpha_full=alpha_full)
-        nonempty = sizes_h > 0
-        assigned = cluster.map(_block_cats_assign, labels_f, index, alpha, offsets, nonempty)
-        results = cluster.gather(assigned)
-        new_h = np.concatenate([r[0] for r in results])
-        dist_h = np.concatenate([r[1] for r in results])
-        if np.bincount(new_h[weights_h > 0], minlength=k).min() == 0:
-            refill_empty_clusters(new_h, dist_h, weights_h, k)
-        n_changed = int((new_h != labels_h).sum())
-        distortion = float((weights_h * dist_h).sum())
-        history.append(distortion)
-        state = _cats.CatsState(index=index, alpha=alpha, offsets=offsets, nonempty=nonempty)
-        labels_h = new_h
-        if verbose:
-            print(f"{prefix}iteration {n_iter}: approximate distortion {distortion:.10g}, {n_changed} points moved")
-        if n_changed == 0:
-            converged, stop_reason = True, "no point moved"
-            break
-        stop = _cats.variance_stop(history, window, theta)
-        if stop:
-            converged, stop_reason = True, stop
-            break
-    if verbose:
-        print(f"{prefix}stopped after {n_iter} iterations: {stop_reason}")
-    return dict(labels=labels_h, objective=history[-1], history=history, n_iter=n_iter, converged=converged,
-                stop_reason=stop_reason, sizes=np.bincount(labels_h, weights=weights_h, minlength=k), state=state,
-                seconds=time.perf_counter() - t0)
+        source = _cats.KernelSource(samples, self.spec, self.backend)
+        return _cats._centroid_coefficients(source, samples, self.backend, mask.astype(np.float64), Lw, sizes_h,
+                                            rcond, self.diag[index.ravel()], full=full, alpha_full=alpha_full)
+
+    def assign(self, alpha, offsets, nonempty):
+        results = self.cluster.gather(self.cluster.map(_block_cats_assign, self.labels_f, self.index, alpha, offsets,
+                                                       nonempty))
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+
+    def distortion(self, dist):
+        return float((self.weights * dist).sum())
 
 
 def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None, method="exact",
@@ -523,20 +509,18 @@ random_state, verbose, update, tf32
         best = dict(labels=best_run.labels, objective=best_run.objective, history=best_run.history,
                     n_iter=best_run.n_iter, converged=best_run.converged, sizes=best_run.sizes,
                     within=best_run.within, stop_reason=best_run.stop_reason)
-    else:
-        runs, init_seconds = [], 0.0
-        for r in range(n_init):
-            t0 = time.perf_counter()
-            labels0 = initial_labels(init, n, k, rng, operator)
-            init_seconds += time.perf_counter() - t0
-            runs.append(_cats_run(cluster, spec, ct, weights_h, diag_h, labels0, k, l=cats_params["l"],
-                                  max_iter=max_iter, window=cats_params["window"], theta=cats_params["theta"],
-                                  rcond=cats_params["rcond"], rng=rng, verbose=verbose,
-                                  restart=r if n_init > 1 else None))
-        best = min(runs, key=lambda run: run["objective"])
-        if not best["converged"]:
-            warnings.warn(f"kernel k-means did not converge in max_iter={max_iter} iterations; increase max_iter.",
-                          ConvergenceWarning, stacklevel=2)
+    else:  # CATS's loop and restarts (kkmgpu._cats), its two passes over the workers' blocks
+        passes = _DaskCatsPasses(cluster, spec, weights_h, diag_h)
+        cats_run, cats_runs, init_seconds = _cats.restarts(
+            lambda: initial_labels(init, n, k, rng, operator),
+            lambda labels0, restart: _cats.iterate(
+                passes, weights_h, k, labels0, l=cats_params["l"], max_iter=max_iter, window=cats_params["window"],
+                theta=cats_params["theta"], rcond=cats_params["rcond"], rng=rng, verbose=verbose, restart=restart),
+            n_init, max_iter, stacklevel=3)
+        runs = [dict(objective=r.objective, seconds=r.seconds) for r in cats_runs]
+        best = dict(labels=cats_run.labels, objective=cats_run.objective, history=cats_run.history,
+                    n_iter=cats_run.n_iter, converged=cats_run.converged, sizes=cats_run.sizes,
+                    stop_reason=cats_run.stop_reason, state=cats_run.state)
     features = None
     if keep_features:
         features = client.submit(_block_features, blocks[0], workers=[addresses[0]], pure=False).result()
