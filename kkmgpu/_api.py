@@ -15,6 +15,7 @@ from ._lloyd import DenseKernelOperator, run_restarts
 from ._progress import active as progress_active, check_progress, progress_bar, scope as progress_scope
 from ._tiled import TiledKernelOperator, choose_engine
 from ._result import KernelKMeansResult
+from .bandwidth import search_bandwidth
 
 __all__ = ["fit", "predict", "kernel_matrix"]
 
@@ -240,9 +241,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     progress = check_progress(progress)
     if isinstance(gamma, str) and gamma == "search":  # the Off-the-grid search, then this fit at the best gamma
         call = {name: value for name, value in locals().items() if name not in ("X", "k", "gamma")}
-        from .bandwidth import fit_with_search
-
-        return fit_with_search(X, k, fit_kwargs=call)
+        return _fit_with_search(X, k, fit_kwargs=call)
     with progress_scope(progress):
         return _fit(X, k, kernel=kernel, gamma=gamma, degree=degree, coef0=coef0, kernel_params=kernel_params,
                     method=method, device=device, dtype=dtype, init=init, n_init=n_init, max_iter=max_iter,
@@ -286,7 +285,7 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
                                           dtype=dt)
         n_components = _validation.check_eigen_params(method, n_components=n_components, n=n, dtype=dt)
         trim_params = _validation.check_trim_params(method, vote_fraction=trim_vote_fraction, slack=trim_slack,
-                                                    h=trim_h, max_size=trim_max_size)
+                                                    h=trim_h, max_size=trim_max_size, defaults=trimming.DEFAULTS)
         if not _sparse.is_sparse(X):
             _kernels.check_informative(spec, backend, dt, **({"K": X} if precomputed else {"X": X}))
 
@@ -617,3 +616,46 @@ def _predict_cats(result, X_new, backend, dt, batch_size):
                                                  state.offsets, xp.zeros(i1 - i0, dtype=xp.int32))
         out.append(backend.to_host(labels))
     return np.concatenate(out).astype(np.int32)
+
+
+# --- fit(gamma="search") -------------------------------------------------------------------------------------
+
+def _fit_with_search(X, k, *, fit_kwargs):
+    """:func:`kkmgpu.fit` with ``gamma="search"``: the best clustering of :func:`search_bandwidth`, refit.
+
+    The search runs with the call's k, init, random_state, sample_weight, max_iter, tol, device and dtype
+    (float16 searches in float32), so ``search_bandwidth`` called with the same values (fit's defaults are
+    init="k-means++" and dtype="float32", not the search's "random" and "float64") finds the same clusterings;
+    kernel k-means is then fit at the best gamma = 1 / sigma from the best clustering's labels (a fixed point
+    there, so normally one step), giving a normal result that predict accepts. The search result is in
+    ``result.method_params["bandwidth_search"]``.
+    """
+    kernel = fit_kwargs.get("kernel", "rbf")
+    if callable(kernel) or _kernels.canonical_kernel_name(kernel) != "rbf":
+        raise ValueError(f"gamma='search' is the Off-the-grid RBF bandwidth search; it needs kernel='rbf', "
+                         f"got kernel={kernel!r}.")
+    method = fit_kwargs.get("method", "exact")
+    if method != "exact":
+        raise ValueError(f"gamma='search' needs method='exact' (the search holds the dense kernel matrix); "
+                         f"got method={method!r}.")
+    init = fit_kwargs.get("init", "k-means++")
+    dtype = _validation.check_dtype(fit_kwargs.get("dtype", "float32"))
+    search_dtype = np.float32 if dtype == np.float16 else dtype
+    t0 = time.perf_counter()
+    rng = _validation.make_rng(fit_kwargs.get("random_state"))
+    search = search_bandwidth(X, k, init=init, sample_weight=fit_kwargs.get("sample_weight"),
+                              max_iter=fit_kwargs.get("max_iter", 300), tol=fit_kwargs.get("tol", 1e-6),
+                              random_state=rng, device=fit_kwargs.get("device", "auto"), dtype=search_dtype,
+                              verbose=fit_kwargs.get("verbose", False), progress=fit_kwargs.get("progress", False))
+    seconds = time.perf_counter() - t0
+    best = search.best
+    kwargs = dict(fit_kwargs)
+    kwargs.update(kernel="rbf", gamma=best.gamma, init=best.labels, n_init=1, random_state=rng)
+    result = fit(X, k, **kwargs)
+    timings = dict(result.timings)
+    timings["bandwidth_search"] = seconds
+    timings["total"] = timings.get("total", 0.0) + seconds
+    method_params = dict(result.method_params)
+    method_params["bandwidth_search"] = search
+    method_params["sigma"] = best.sigma
+    return dataclasses.replace(result, timings=timings, method_params=method_params)

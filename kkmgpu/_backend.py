@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import importlib
 import os
 import re
 import sys
@@ -21,6 +20,8 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+
+from ._cupy import cupy_linalg_routines, import_cupy, import_cupyx  # noqa: F401  (re-exported for the rest of kkmgpu)
 
 __all__ = [
     "Backend",
@@ -54,17 +55,6 @@ class DeviceUnavailableError(RuntimeError):
 
 class InsufficientMemoryError(MemoryError):
     """A dense array (usually the n x n kernel matrix) does not fit the device's free memory."""
-
-
-def import_cupy():
-    """Import and return CuPy (the only place in kkmgpu that does)."""
-    return importlib.import_module("cupy")
-
-
-def import_cupyx(submodule: str | None = None):
-    """Import and return cupyx (CuPy's extension namespace), or its ``submodule`` (e.g. "scipy.sparse"); also
-    only here."""
-    return importlib.import_module("cupyx" if submodule is None else f"cupyx.{submodule}")
 
 
 def is_cupy_array(x) -> bool:
@@ -353,10 +343,7 @@ def gemm_precision(backend: Backend, tf32: bool):
     if not (tf32 and backend.is_gpu):
         yield
         return
-    try:
-        linalg = importlib.import_module("cupy._core._routines_linalg")
-    except ImportError:  # CuPy's development tree moves the CUDA routines under cupy._core._gpu
-        linalg = importlib.import_module("cupy._core._gpu._routines_linalg")
+    linalg = cupy_linalg_routines()
     previous = linalg.get_compute_type(np.float32)
     linalg.set_compute_type(np.float32, getattr(linalg, "COMPUTE_TYPE_TF32", 7))  # CuPy's enum value
     try:

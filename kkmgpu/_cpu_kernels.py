@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ._kernels import EPILOGUE_CODES
+from ._epilogue_codes import EPILOGUE_CODES
 
 __all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "cluster_totals",
            "offgrid_step"]

@@ -1,7 +1,7 @@
 """GPU twins of the fused operations (CuPy), same names and semantics as :mod:`kkmgpu._cpu_kernels`.
 
 The custom kernels come from ``kernels_cuda/kernel_kmeans.cu``, compiled at run time by CuPy
-and cached per device. CuPy itself is obtained from :mod:`kkmgpu._backend`, the one module
+and cached per device. CuPy itself is obtained from :mod:`kkmgpu._cupy`, the one module
 that imports it.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._backend import import_cupy
+from ._cupy import import_cupy
 
 __all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "cluster_totals", "offgrid_step",
            "cuda_source", "indicator_cluster_sums"]

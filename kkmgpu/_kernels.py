@@ -53,7 +53,7 @@ import numpy as np
 
 from ._backend import Backend, check_fits, work_bytes
 
-EPILOGUE_CODES = {"linear": 0, "rbf": 1, "polynomial": 2, "sigmoid": 3, "laplacian": 4}
+from ._epilogue_codes import EPILOGUE_CODES  # the twins read the same codes
 KERNEL_NAMES = ("rbf", "polynomial", "sigmoid", "linear", "laplacian", "precomputed")
 KERNEL_ALIASES = {"poly": "polynomial", "neural": "sigmoid", "tanh": "sigmoid", "gaussian": "rbf"}
 _USES_GAMMA = ("rbf", "polynomial", "sigmoid", "laplacian")

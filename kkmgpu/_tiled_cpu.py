@@ -34,7 +34,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ._kernels import EPILOGUE_CODES
+from ._epilogue_codes import EPILOGUE_CODES
 
 __all__ = ["tile_cluster_sums", "tile_moved_sums", "tile_epilogue"]
 

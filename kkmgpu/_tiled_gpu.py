@@ -1,7 +1,7 @@
 """GPU twins of the tiled engine's fused operations (CuPy + kernels_cuda/tiled.cu).
 
 Same names, signatures and semantics as :mod:`kkmgpu._tiled_cpu`; see there for the operations.
-CuPy comes from :mod:`kkmgpu._backend`, the one module that imports it.
+CuPy comes from :mod:`kkmgpu._cupy`, the one module that imports it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 
-from ._backend import import_cupy
+from ._cupy import import_cupy
 from ._gpu_kernels import NVRTC_OPTIONS, cuda_source
 
 __all__ = ["tile_cluster_sums", "tile_moved_sums", "tile_epilogue"]

@@ -315,21 +315,36 @@ def check_cats_params(method, *, n_samples_per_cluster, window, theta, rcond, ex
     return {"l": l, "window": window, "theta": float(theta), "rcond": float(rcond)}
 
 
-def check_trim_params(method, *, vote_fraction, slack, h, max_size=None):
-    """Resolve the trimming parameters (method="trimmed" only; errors with any other method)."""
+def check_trim_params(method, *, vote_fraction, slack, h, max_size=None, defaults):
+    """Resolve the trimming parameters (method="trimmed" only; errors with any other method); ``defaults``:
+    :data:`kkmgpu.trimming.DEFAULTS`."""
     given = [name for name, value in (("trim_vote_fraction", vote_fraction), ("trim_slack", slack),
                                       ("trim_h", h), ("trim_max_size", max_size)) if value is not None]
     if method != "trimmed":
         if given:
             raise ValueError(f"{', '.join(given)} only apply to method='trimmed' (method={method!r}).")
         return None
-    from .trimming import DEFAULT_H, DEFAULT_MAX_SIZE, DEFAULT_SLACK, DEFAULT_VOTE_FRACTION, _check_trim_params
-
-    vote_fraction, slack, h, max_size = _check_trim_params(
-        DEFAULT_VOTE_FRACTION if vote_fraction is None else vote_fraction,
-        DEFAULT_SLACK if slack is None else slack, DEFAULT_H if h is None else h,
-        DEFAULT_MAX_SIZE if max_size is None else max_size, prefix="trim_")
+    vote_fraction, slack, h, max_size = check_trim_values(
+        defaults["vote_fraction"] if vote_fraction is None else vote_fraction,
+        defaults["slack"] if slack is None else slack, defaults["h"] if h is None else h,
+        defaults["max_size"] if max_size is None else max_size, prefix="trim_")
     return {"vote_fraction": vote_fraction, "slack": slack, "h": h, "max_size": max_size}
+
+
+def check_trim_values(vote_fraction, slack, h, max_size, prefix=""):
+    """Validated (vote_fraction, slack, h, max_size); messages name the arguments with ``prefix`` (fit's "trim_")."""
+    if isinstance(vote_fraction, bool) or not isinstance(vote_fraction, numbers.Real) \
+            or not (0 < vote_fraction <= 1):
+        raise ValueError(f"{prefix}vote_fraction={vote_fraction!r} must be a number in (0, 1] (the paper's 0.1: "
+                         "each row votes with the top 10% of its derivative).")
+    if isinstance(slack, bool) or not isinstance(slack, numbers.Real) or not (0 <= slack <= 1):
+        raise ValueError(f"{prefix}slack={slack!r} must be a number in [0, 1] (the paper's 0.01: rows are cut at "
+                         "their (w_i + slack n)-th largest value).")
+    h = check_int(h, f"{prefix}h", minimum=1)
+    if isinstance(max_size, bool) or not isinstance(max_size, numbers.Real) or not (0 < max_size <= 1):
+        raise ValueError(f"{prefix}max_size={max_size!r} must be a number in (0, 1]: the largest candidate "
+                         "cluster size as a fraction of n (1 = every size, as the paper).")
+    return float(vote_fraction), float(slack), h, float(max_size)
 
 
 def check_eigen_params(method, *, n_components, n, dtype):

@@ -32,7 +32,6 @@ against the free memory first); no second dense n x n array is made. Measured on
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +53,9 @@ DEFAULT_H = 3
 #: (measured: density 1.0 at n = 3000; bench/README.md, "Kernel matrix trimming"). max_size=1 is the paper
 #: as written; the default 0.5 admits any cluster of at most half the points.
 DEFAULT_MAX_SIZE = 0.5
+#: The four defaults by the names fit takes them under (``trim_vote_fraction`` ...), for
+#: :func:`kkmgpu._validation.check_trim_params`.
+DEFAULTS = {"vote_fraction": DEFAULT_VOTE_FRACTION, "slack": DEFAULT_SLACK, "h": DEFAULT_H, "max_size": DEFAULT_MAX_SIZE}
 
 #: Bytes of row-batch workspace per element of a batch row (sorted row, padded copy, derivative,
 #: partition copy, masks and an int32 running count), for float32 rows; scaled by the item size.
@@ -348,22 +350,6 @@ def _trimmed_csr(K, thresholds, backend: Backend, batch, value_dtype, kept_estim
     return K_star
 
 
-def _check_trim_params(vote_fraction, slack, h, max_size, prefix=""):
-    """Validated (vote_fraction, slack, h, max_size); messages name the arguments with ``prefix`` (fit's "trim_")."""
-    if isinstance(vote_fraction, bool) or not isinstance(vote_fraction, numbers.Real) \
-            or not (0 < vote_fraction <= 1):
-        raise ValueError(f"{prefix}vote_fraction={vote_fraction!r} must be a number in (0, 1] (the paper's 0.1: "
-                         "each row votes with the top 10% of its derivative).")
-    if isinstance(slack, bool) or not isinstance(slack, numbers.Real) or not (0 <= slack <= 1):
-        raise ValueError(f"{prefix}slack={slack!r} must be a number in [0, 1] (the paper's 0.01: rows are cut at "
-                         "their (w_i + slack n)-th largest value).")
-    h = _validation.check_int(h, f"{prefix}h", minimum=1)
-    if isinstance(max_size, bool) or not isinstance(max_size, numbers.Real) or not (0 < max_size <= 1):
-        raise ValueError(f"{prefix}max_size={max_size!r} must be a number in (0, 1]: the largest candidate "
-                         "cluster size as a fraction of n (1 = every size, as the paper).")
-    return float(vote_fraction), float(slack), h, float(max_size)
-
-
 def _trim(K, backend: Backend, *, vote_fraction=DEFAULT_VOTE_FRACTION, slack=DEFAULT_SLACK, h=DEFAULT_H,
           max_size=DEFAULT_MAX_SIZE, batch_size=None, verbose=False, n_examples=3) -> TrimmedKernel:
     """Section 3 on a validated, symmetric dense K already on ``backend`` (parameters already checked)."""
@@ -483,7 +469,7 @@ def trim_kernel_matrix(K, *, vote_fraction=DEFAULT_VOTE_FRACTION, slack=DEFAULT_
     if _sparse.is_sparse(K):
         raise TypeError("trim_kernel_matrix needs a dense kernel matrix (every value of a row is sorted); "
                         f"got a sparse {type(K).__name__}.")
-    vote_fraction, slack, h, max_size = _check_trim_params(vote_fraction, slack, h, max_size)
+    vote_fraction, slack, h, max_size = _validation.check_trim_values(vote_fraction, slack, h, max_size)
     backend = resolve_device(device, (K,))
     with backend.activate():
         K = _validation.check_data(K, backend, name="K", square=True)

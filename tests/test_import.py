@@ -56,13 +56,13 @@ def test_public_names():
     assert isinstance(kkmgpu.__version__, str)
 
 
-def test_cupy_is_imported_in_the_backend_module_only():
-    """Only kkmgpu/_backend.py imports cupy or cupyx (statements or importlib), so CPU users never pay for it."""
+def test_cupy_is_imported_in_one_module_only():
+    """Only kkmgpu/_cupy.py imports cupy or cupyx (statements or importlib), so CPU users never pay for it."""
     import ast
 
     offenders = []
     for path in sorted((REPO_ROOT / "kkmgpu").glob("*.py")):
-        if path.name == "_backend.py":
+        if path.name == "_cupy.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             names = []
@@ -80,3 +80,47 @@ def test_cupy_is_imported_in_the_backend_module_only():
             offenders += [f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] in
                           ("cupy", "cupyx", "cupy (computed name)")]
     assert offenders == []
+
+
+def _package_imports():
+    """{module: kkmgpu modules it imports}, from every import statement in kkmgpu/*.py (function-level ones too)."""
+    import ast
+
+    modules = {p.stem: p for p in (REPO_ROOT / "kkmgpu").glob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                edges.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("kkmgpu."):
+                edges.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                edges.update(a.name.split(".")[1] for a in node.names if a.name.startswith("kkmgpu."))
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def test_no_import_circles_inside_the_package():
+    """No module of kkmgpu imports, directly or through others, a module that imports it back (deferred
+    imports inside functions count: they only hide a circle)."""
+    graph = _package_imports()
+    assert graph["_api"] >= {"_lloyd", "bandwidth"} and "_cpu_kernels" in graph["_backend"]  # the parse sees them
+    circles = []
+    for start in sorted(graph):
+        path, seen = [start], set()
+        stack = [(start, iter(sorted(graph[start])))]
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+                continue
+            if child == start:
+                circles.append(" -> ".join(path + [start]))
+            elif child not in seen and child not in path:
+                seen.add(child)
+                path.append(child)
+                stack.append((child, iter(sorted(graph[child]))))
+    assert circles == [], "import circles:\n" + "\n".join(sorted(set(circles)))
