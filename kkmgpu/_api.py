@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _kernels, _validation
 from ._backend import gemm_precision, memory_situation, resolve_device
-from . import _cats, _eigen, _sparse, trimming
+from . import _cats, _eigen, _methods, _sparse, trimming
 from ._lloyd import DenseKernelOperator, run_restarts
 from ._progress import active as progress_active, check_progress, progress_bar, scope as progress_scope
 from ._tiled import TiledKernelOperator, choose_engine
@@ -278,79 +278,138 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
             X, spec = _scale_precomputed(X, spec, _validation.check_symmetric(X, backend), dt, backend)
         elif spec.name == "callable":
             _validation.check_callable_symmetric(X, spec, backend, _validation.compute_dtype(dt))
-        cats_params = _validation.check_cats_params(
-            method, n_samples_per_cluster=n_samples_per_cluster, window=window, theta=theta, rcond=rcond,
-            exact_objective=exact_objective, n=n, k=k, dtype=dt)
-        engine = _validation.check_engine(engine, tf32, method=method, precomputed=precomputed, backend=backend,
-                                          dtype=dt)
-        n_components = _validation.check_eigen_params(method, n_components=n_components, n=n, dtype=dt)
-        trim_params = _validation.check_trim_params(method, vote_fraction=trim_vote_fraction, slack=trim_slack,
-                                                    h=trim_h, max_size=trim_max_size, defaults=trimming.DEFAULTS)
+        ctx = _methods.FitContext(X=X, k=k, n=n, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
+                                  weights_h=weights_h, init=init, n_init=n_init, max_iter=max_iter, tol=tol,
+                                  rng=rng, verbose=verbose, keep_on_device=keep_on_device, update=update,
+                                  t_start=t_start)
+        values = dict(engine=engine, tf32=tf32, n_samples_per_cluster=n_samples_per_cluster, window=window,
+                      theta=theta, rcond=rcond, exact_objective=exact_objective, n_components=n_components,
+                      trim_vote_fraction=trim_vote_fraction, trim_slack=trim_slack, trim_h=trim_h,
+                      trim_max_size=trim_max_size)
+        resolved = None
+        for entry in _methods.METHODS.values():  # each method checks its own; others' given ones are errors
+            own = entry.check(method, ctx, values)
+            if entry.name == method:
+                resolved = own
         if not _sparse.is_sparse(X):
             _kernels.check_informative(spec, backend, dt, **({"K": X} if precomputed else {"X": X}))
-
-        def finish(result):
-            return _in_user_units(result, user_weights, weight_scale, spec)
-
-        t_valid = backend.timer()
-        if method == "trimmed" or _sparse.is_sparse(X):
-            return finish(trimming._fit_sparse(X, k, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
-                                        method=method, weights_h=weights_h, init=init, n_init=n_init,
-                                        max_iter=max_iter, tol=tol, rng=rng, verbose=verbose,
-                                        keep_on_device=keep_on_device, update=update, params=trim_params,
-                                        t_start=t_start, t_valid=t_valid))
-        if method == "eigen":
-            return finish(_fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, tol,
-                                     rng, verbose, keep_on_device, n_components, t_start, t_valid))
-        if method == "cats":
-            return finish(_fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, rng,
-                                    verbose, keep_on_device, cats_params, exact_objective, t_start, t_valid))
-
-        if precomputed:
-            features = None
-            if X.dtype != dt:
-                _kernels.check_fits(X.size * dt.itemsize, backend, f"the {n} x {n} {dt.name} copy of K")
-            K = backend.asarray(X, dtype=dt)
+        ctx.t_valid = backend.timer()
+        if _sparse.is_sparse(X) and method != "trimmed":  # a sparse precomputed K is clustered as given
+            result = trimming._fit_sparse(X, k, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
+                                          method=method, weights_h=weights_h, init=init, n_init=n_init,
+                                          max_iter=max_iter, tol=tol, rng=rng, verbose=verbose,
+                                          keep_on_device=keep_on_device, update=update, params=None,
+                                          t_start=t_start, t_valid=ctx.t_valid)
         else:
-            features = _kernels.prepare_features(X, spec, backend, _validation.compute_dtype(dt))
-            engine = "dense" if precomputed else choose_engine(engine, n, dt, backend)
-            if engine == "dense":
-                with gemm_precision(backend, tf32):
-                    K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose,
-                                                     storage=dt)
-            elif verbose:
-                print(f"[kkmgpu] tiled engine: {n} x {n} {spec.name} kernel recomputed in tiles from "
-                      f"{features.shape[1]} features each iteration (no kernel matrix) on {backend.name}")
-        weights = backend.asarray(weights_h)
-        t_kernel = backend.timer()
+            result = _methods.METHODS[method].run(ctx, resolved)
+        return _in_user_units(result, user_weights, weight_scale, spec)
 
-        if precomputed or engine == "dense":
-            operator = DenseKernelOperator(K, weights, backend)
-        else:
-            operator = TiledKernelOperator(features, spec, weights, backend, tf32=tf32, verbose=verbose)
-        best, runs, init_seconds = run_restarts(operator, k, init=init, n_init=n_init, max_iter=max_iter,
-                                                tol=tol, rng=rng, verbose=verbose, update=update)
-        t_end = backend.timer()
 
-        labels = best.labels if keep_on_device else backend.to_host(best.labels).astype(np.int32)
-        timings = {
-            "validation": t_valid - t_start,
-            "kernel_build": t_kernel - t_valid,
-            "init": init_seconds,
-            "iterations": float(sum(r.seconds for r in runs)),
-            "total": t_end - t_start,
-        }
-        return finish(KernelKMeansResult(
-            labels=labels, objective=float(best.objective),
-            objective_history=np.asarray(best.history, dtype=np.float64), n_iter=int(best.n_iter),
-            converged=bool(best.converged), n_clusters=k, method=method, kernel=spec.name,
-            kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
-            cluster_sizes=best.sizes.copy(), n_init=n_init,
-            objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
-            exact_objective=float(best.objective), stop_reason=best.stop_reason,
-            method_params={"engine": "dense" if precomputed else engine, "tf32": tf32},
-            _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
-            _within=best.within.copy(), _n_train=n))
+# --- the methods: their checks and runners, registered -------------------------------------------------------
+
+def _check_exact(method, ctx, values):
+    engine = _validation.check_engine(values["engine"], values["tf32"], method=method, precomputed=ctx.precomputed,
+                                      backend=ctx.backend, dtype=ctx.dt)
+    return {"engine": engine, "tf32": values["tf32"]} if method == "exact" else None
+
+
+def _fit_exact(ctx, params):
+    """fit(method="exact"): the dense K (or a precomputed one) or the tiled engine, then the Lloyd driver."""
+    X, k, n, spec, backend, dt = ctx.X, ctx.k, ctx.n, ctx.spec, ctx.backend, ctx.dt
+    precomputed, engine, tf32, verbose = ctx.precomputed, params["engine"], params["tf32"], ctx.verbose
+    if precomputed:
+        features = None
+        if X.dtype != dt:
+            _kernels.check_fits(X.size * dt.itemsize, backend, f"the {n} x {n} {dt.name} copy of K")
+        K = backend.asarray(X, dtype=dt)
+    else:
+        features = _kernels.prepare_features(X, spec, backend, _validation.compute_dtype(dt))
+        engine = choose_engine(engine, n, dt, backend)
+        if engine == "dense":
+            with gemm_precision(backend, tf32):
+                K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose, storage=dt)
+        elif verbose:
+            print(f"[kkmgpu] tiled engine: {n} x {n} {spec.name} kernel recomputed in tiles from "
+                  f"{features.shape[1]} features each iteration (no kernel matrix) on {backend.name}")
+    weights = backend.asarray(ctx.weights_h)
+    t_kernel = backend.timer()
+
+    if precomputed or engine == "dense":
+        operator = DenseKernelOperator(K, weights, backend)
+    else:
+        operator = TiledKernelOperator(features, spec, weights, backend, tf32=tf32, verbose=verbose)
+    best, runs, init_seconds = run_restarts(operator, k, init=ctx.init, n_init=ctx.n_init, max_iter=ctx.max_iter,
+                                            tol=ctx.tol, rng=ctx.rng, verbose=verbose, update=ctx.update)
+    t_end = backend.timer()
+
+    labels = best.labels if ctx.keep_on_device else backend.to_host(best.labels).astype(np.int32)
+    timings = {
+        "validation": ctx.t_valid - ctx.t_start,
+        "kernel_build": t_kernel - ctx.t_valid,
+        "init": init_seconds,
+        "iterations": float(sum(r.seconds for r in runs)),
+        "total": t_end - ctx.t_start,
+    }
+    return KernelKMeansResult(
+        labels=labels, objective=float(best.objective),
+        objective_history=np.asarray(best.history, dtype=np.float64), n_iter=int(best.n_iter),
+        converged=bool(best.converged), n_clusters=k, method="exact", kernel=spec.name,
+        kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
+        cluster_sizes=best.sizes.copy(), n_init=ctx.n_init,
+        objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=ctx.weights_h,
+        exact_objective=float(best.objective), stop_reason=best.stop_reason,
+        method_params={"engine": "dense" if precomputed else engine, "tf32": tf32},
+        _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
+        _within=best.within.copy(), _n_train=n)
+
+
+def _check_cats(method, ctx, values):
+    params = _validation.check_cats_params(
+        method, n_samples_per_cluster=values["n_samples_per_cluster"], window=values["window"],
+        theta=values["theta"], rcond=values["rcond"], exact_objective=values["exact_objective"], n=ctx.n, k=ctx.k,
+        dtype=ctx.dt)
+    return None if params is None else dict(params, exact_objective=values["exact_objective"])
+
+
+def _run_cats(ctx, params):
+    return _fit_cats(ctx.X, ctx.k, ctx.spec, ctx.backend, ctx.dt, ctx.precomputed, ctx.weights_h, ctx.init,
+                     ctx.n_init, ctx.max_iter, ctx.rng, ctx.verbose, ctx.keep_on_device,
+                     {key: params[key] for key in ("l", "window", "theta", "rcond")}, params["exact_objective"],
+                     ctx.t_start, ctx.t_valid)
+
+
+def _check_eigen(method, ctx, values):
+    return _validation.check_eigen_params(method, n_components=values["n_components"], n=ctx.n, dtype=ctx.dt)
+
+
+def _run_eigen(ctx, n_components):
+    return _fit_eigen(ctx.X, ctx.k, ctx.spec, ctx.backend, ctx.dt, ctx.precomputed, ctx.weights_h, ctx.init,
+                      ctx.n_init, ctx.max_iter, ctx.tol, ctx.rng, ctx.verbose, ctx.keep_on_device, n_components,
+                      ctx.t_start, ctx.t_valid)
+
+
+def _check_trimmed(method, ctx, values):
+    return _validation.check_trim_params(method, vote_fraction=values["trim_vote_fraction"],
+                                         slack=values["trim_slack"], h=values["trim_h"],
+                                         max_size=values["trim_max_size"], defaults=trimming.DEFAULTS)
+
+
+def _run_trimmed(ctx, params):
+    return trimming._fit_sparse(ctx.X, ctx.k, spec=ctx.spec, backend=ctx.backend, dt=ctx.dt,
+                                precomputed=ctx.precomputed, method="trimmed", weights_h=ctx.weights_h,
+                                init=ctx.init, n_init=ctx.n_init, max_iter=ctx.max_iter, tol=ctx.tol, rng=ctx.rng,
+                                verbose=ctx.verbose, keep_on_device=ctx.keep_on_device, update=ctx.update,
+                                params=params, t_start=ctx.t_start, t_valid=ctx.t_valid)
+
+
+_methods.register("exact", "the n x n kernel matrix on the device (or the tiled engine past its memory)",
+                  ("engine", "tf32"), _check_exact, _fit_exact)
+_methods.register("cats", "centroids approximated from sampled members (CATS): no n x n matrix",
+                  ("n_samples_per_cluster", "window", "theta", "rcond", "exact_objective"), _check_cats, _run_cats)
+_methods.register("eigen", "k-means on the kernel's eigen-embedding (the trace objective's Algorithm 16)",
+                  ("n_components",), _check_eigen, _run_eigen)
+_methods.register("trimmed", "Lloyd on the trimmed sparse kernel K* (kernel matrix trimming, Section 3)",
+                  ("trim_vote_fraction", "trim_slack", "trim_h", "trim_max_size"), _check_trimmed, _run_trimmed)
 
 
 def _scale_precomputed(K, spec, max_abs, dt, backend):

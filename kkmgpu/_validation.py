@@ -7,9 +7,9 @@ import numbers
 
 import numpy as np
 
+from . import _methods
 from ._backend import Backend, check_fits, is_cupy_array, work_bytes
 
-METHODS = ("exact", "cats", "eigen", "trimmed")
 UPDATES = ("auto", "full", "incremental")
 INIT_NAMES = ("k-means++", "random")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
@@ -42,8 +42,8 @@ def check_int(value, name, minimum=None, maximum=None) -> int:
 
 
 def check_params(*, method, max_iter, tol, n_init, init, update="auto"):
-    if method not in METHODS:
-        raise ValueError(f"method={method!r} is not available; use one of {list(METHODS)}.")
+    if not isinstance(method, str) or method not in _methods.METHODS:  # the registered methods (kkmgpu._api)
+        raise ValueError(f"method={method!r} is not available; use one of {list(_methods.METHODS)}.")
     if update not in UPDATES:
         raise ValueError(f"update={update!r} is not valid; use one of {list(UPDATES)}.")
     max_iter = check_int(max_iter, "max_iter", minimum=1)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import kkmgpu
-from kkmgpu import datasets
+from kkmgpu import _methods, datasets
 from kkmgpu import demo as _demo
 from kkmgpu.metrics import nmi
 
@@ -115,10 +115,8 @@ def _build_parser():
                      help="most assignment steps per initialisation (default: 300)")
     fit.add_argument("--seed", type=int, default=None, metavar="S",
                      help="random seed, for reproducible labels (default: unseeded)")
-    fit.add_argument("--method", choices=("exact", "cats", "trimmed", "eigen"), default="exact",
-                     help="exact (dense kernel matrix), cats (sampled centroids, no n x n matrix), trimmed "
-                          "(kernel matrix trimmed by cluster-size voting, sparse iterations) or eigen (k-means on "
-                          "the eigendecomposition of K)")
+    fit.add_argument("--method", choices=tuple(_methods.METHODS), default="exact",
+                     help="; ".join(f"{m.name}: {m.summary}" for m in _methods.METHODS.values()))
     fit.add_argument("--n-components", type=int, default=None, metavar="R",
                      help="eigen: the top R eigenpairs of K (default: all up to n=4096, else max(128, 8 K))")
     fit.add_argument("--samples-per-cluster", type=int, default=None, metavar="L",

@@ -271,8 +271,8 @@ def _kkmgpu_fit(X, k, ctx, **options):
 
 
 def _has_method(name):
-    from . import _validation
-    if name in getattr(_validation, "METHODS", ()):
+    from . import _methods
+    if name in _methods.METHODS:
         return None
     return f"not available: this kkmgpu has no method={name!r}"
 

@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 
-from . import _kernels, _sparse, _validation
+from . import _kernels, _methods, _sparse, _validation
 from ._api import fit as _fit
 from ._api import predict as _predict
 from ._backend import is_cupy_array, resolve_device
@@ -82,12 +82,7 @@ __all__ = ["KernelKMeans"]
 #: their method, so one estimator can be cloned across methods (a grid over ``method``, scikit-learn's checks,
 #: which set ``n_components=1`` on any estimator that has it); a value other than the default given with
 #: another method is ignored with a UserWarning.
-METHOD_PARAMS = {
-    "exact": ("engine", "tf32"),
-    "cats": ("n_samples_per_cluster", "window", "theta", "rcond", "exact_objective"),
-    "eigen": ("n_components",),
-    "trimmed": ("trim_vote_fraction", "trim_slack", "trim_h", "trim_max_size"),
-}
+METHOD_PARAMS = _methods.method_params()  # the methods' own parameters, as they registered them (kkmgpu._methods)
 
 
 class KernelKMeans(ClusterMixin, BaseEstimator):

@@ -5,6 +5,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 import kkmgpu
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -124,3 +127,48 @@ def test_no_import_circles_inside_the_package():
                 path.append(child)
                 stack.append((child, iter(sorted(graph[child]))))
     assert circles == [], "import circles:\n" + "\n".join(sorted(set(circles)))
+
+
+def test_methods_are_registered_with_their_own_parameters():
+    """fit, the estimator and the CLI read one registry: every method's own parameters are keywords of fit and of
+    KernelKMeans, no parameter has two owners, and the CLI offers exactly the registered methods."""
+    import inspect
+
+    from kkmgpu import _methods, cli
+    from kkmgpu.estimator import METHOD_PARAMS
+
+    assert list(_methods.METHODS) == ["exact", "cats", "eigen", "trimmed"]
+    assert METHOD_PARAMS == _methods.method_params()
+    fit_keywords = set(inspect.signature(kkmgpu.fit).parameters)
+    estimator_keywords = set(inspect.signature(kkmgpu.KernelKMeans).parameters)
+    owned = _methods.all_params()
+    assert len(owned) == len(set(owned))
+    assert set(owned) <= fit_keywords and set(owned) <= estimator_keywords
+    fit_parser = cli._build_parser()._subparsers._group_actions[0].choices["fit"]
+    method_action = next(a for a in fit_parser._actions if "--method" in a.option_strings)
+    assert tuple(method_action.choices) == tuple(_methods.METHODS)
+
+
+def test_a_registered_method_is_reached_through_fit(monkeypatch):
+    """A new method is a check, a runner and its registration: fit validates what all share, then hands over."""
+    import dataclasses
+
+    from kkmgpu import _methods
+
+    calls = []
+
+    def check(method, ctx, values):
+        return {"engine": "dense", "tf32": False} if method == "twice-exact" else None
+
+    def run(ctx, params):
+        calls.append((ctx.n, ctx.k, params))
+        return dataclasses.replace(_methods.METHODS["exact"].run(ctx, params), method="twice-exact")
+
+    monkeypatch.setitem(_methods.METHODS, "twice-exact", _methods.Method("twice-exact", "a test method", (), check, run))
+    X, _ = kkmgpu.datasets.make_two_circles(120, random_state=0)
+    result = kkmgpu.fit(X, 2, gamma=5.0, method="twice-exact", device="cpu", random_state=0)
+    reference = kkmgpu.fit(X, 2, gamma=5.0, device="cpu", random_state=0)
+    assert calls == [(120, 2, {"engine": "dense", "tf32": False})] and result.method == "twice-exact"
+    np.testing.assert_array_equal(result.labels, reference.labels)
+    with pytest.raises(ValueError, match=r"method='nope' is not available; use one of \['exact', 'cats'"):
+        kkmgpu.fit(X, 2, method="nope", device="cpu")
