@@ -402,14 +402,6 @@ def _run_trimmed(ctx, params):
                                 params=params, t_start=ctx.t_start, t_valid=ctx.t_valid)
 
 
-_methods.register("exact", "the n x n kernel matrix on the device (or the tiled engine past its memory)",
-                  ("engine", "tf32"), _check_exact, _fit_exact)
-_methods.register("cats", "centroids approximated from sampled members (CATS): no n x n matrix",
-                  ("n_samples_per_cluster", "window", "theta", "rcond", "exact_objective"), _check_cats, _run_cats)
-_methods.register("eigen", "k-means on the kernel's eigen-embedding (the trace objective's Algorithm 16)",
-                  ("n_components",), _check_eigen, _run_eigen)
-_methods.register("trimmed", "Lloyd on the trimmed sparse kernel K* (kernel matrix trimming, Section 3)",
-                  ("trim_vote_fraction", "trim_slack", "trim_h", "trim_max_size"), _check_trimmed, _run_trimmed)
 
 
 def _scale_precomputed(K, spec, max_abs, dt, backend):
@@ -615,36 +607,36 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
                              f"{result._train_features.shape[1]}.")
         if spec.name == "precomputed" and spec.value_scale != 1.0:  # the fit ran on K / value_scale
             X_new = X_new * (1.0 / spec.value_scale)
-        xp = backend.xp
-        if result.method == "cats":
-            return _predict_cats(result, X_new, backend, dt, batch_size)
-        if result.method == "eigen":
-            return _eigen.predict_eigen(result, X_new, backend, dt, batch_size)
-        if result._trim_state is not None:
+        if result._trim_state is not None:  # trimmed, or a sparse precomputed K: nearest on the sparse K*
             return trimming._predict_trimmed(result, X_new, backend, dt, batch_size)
-        sizes = np.asarray(result.cluster_sizes, dtype=np.float64) / result._weight_scale
-        within = np.asarray(result._within, dtype=np.float64)
-        train_labels = backend.asarray(result._train_labels, dtype=np.int32)
-        train_weights = backend.asarray(result._train_weights, dtype=np.float64)
-        m = X_new.shape[0]
-        step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize, backend=backend)
-        out = []
-        if spec.name != "precomputed":
-            A_all = _kernels.prepare_features(X_new, spec, backend, dt)
-            B = backend.asarray(result._train_features)  # a GPU fit predicted under KKMGPU_DEVICE=cpu
-            b_sq = (B * B).sum(axis=1) if spec.name in ("rbf", "laplacian") else None
-        for i0 in range(0, m, step):
-            i1 = min(m, i0 + step)
-            if spec.name == "precomputed":
-                block = backend.asarray(X_new[i0:i1], dtype=dt)
-            else:
-                block = _kernels.kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
-            S = backend.ops.block_cluster_sums(block, train_labels, train_weights, k)
-            zeros = xp.zeros(i1 - i0, dtype=xp.float64)
-            labels, _, _ = backend.ops.assign_labels(S, zeros, sizes, within,
-                                                     xp.zeros(i1 - i0, dtype=xp.int32))
-            out.append(backend.to_host(labels))
-        return np.concatenate(out).astype(np.int32)
+        return _methods.METHODS[result.method].predict(result, X_new, backend, dt, batch_size)
+
+
+def _predict_exact(result, X_new, backend, dt, batch_size):
+    """Nearest exact centroid: -2 S[x, c] / n_c + C_c / n_c^2 with S from kernel rows against the training points."""
+    spec, k, xp = result._spec, result.n_clusters, backend.xp
+    sizes = np.asarray(result.cluster_sizes, dtype=np.float64) / result._weight_scale
+    within = np.asarray(result._within, dtype=np.float64)
+    train_labels = backend.asarray(result._train_labels, dtype=np.int32)
+    train_weights = backend.asarray(result._train_weights, dtype=np.float64)
+    m = X_new.shape[0]
+    step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize, backend=backend)
+    out = []
+    if spec.name != "precomputed":
+        A_all = _kernels.prepare_features(X_new, spec, backend, dt)
+        B = backend.asarray(result._train_features)  # a GPU fit predicted under KKMGPU_DEVICE=cpu
+        b_sq = (B * B).sum(axis=1) if spec.name in ("rbf", "laplacian") else None
+    for i0 in range(0, m, step):
+        i1 = min(m, i0 + step)
+        if spec.name == "precomputed":
+            block = backend.asarray(X_new[i0:i1], dtype=dt)
+        else:
+            block = _kernels.kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
+        S = backend.ops.block_cluster_sums(block, train_labels, train_weights, k)
+        zeros = xp.zeros(i1 - i0, dtype=xp.float64)
+        labels, _, _ = backend.ops.assign_labels(S, zeros, sizes, within, xp.zeros(i1 - i0, dtype=xp.int32))
+        out.append(backend.to_host(labels))
+    return np.concatenate(out).astype(np.int32)
 
 
 def _predict_cats(result, X_new, backend, dt, batch_size):
@@ -718,3 +710,17 @@ def _fit_with_search(X, k, *, fit_kwargs):
     method_params["bandwidth_search"] = search
     method_params["sigma"] = best.sigma
     return dataclasses.replace(result, timings=timings, method_params=method_params)
+
+
+# --- the registry (after every runner and predictor above is defined) --------------------------------------
+
+_methods.register("exact", "the n x n kernel matrix on the device (or the tiled engine past its memory)",
+                  ("engine", "tf32"), _check_exact, _fit_exact, _predict_exact)
+_methods.register("cats", "centroids approximated from sampled members (CATS): no n x n matrix",
+                  ("n_samples_per_cluster", "window", "theta", "rcond", "exact_objective"), _check_cats, _run_cats,
+                  _predict_cats)
+_methods.register("eigen", "k-means on the kernel's eigen-embedding (the trace objective's Algorithm 16)",
+                  ("n_components",), _check_eigen, _run_eigen, _eigen.predict_eigen)
+_methods.register("trimmed", "Lloyd on the trimmed sparse kernel K* (kernel matrix trimming, Section 3)",
+                  ("trim_vote_fraction", "trim_slack", "trim_h", "trim_max_size"), _check_trimmed, _run_trimmed,
+                  trimming._predict_trimmed)

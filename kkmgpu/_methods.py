@@ -7,7 +7,9 @@ Each method declares its name, a one-line summary, the keyword arguments of ``fi
   values of all methods' own keywords: it resolves its own parameters when ``method`` is its name and
   returns them, and otherwise raises if one of its own was given (returning None);
 - ``run(ctx, resolved)`` fits and returns a :class:`kkmgpu.KernelKMeansResult` (in internal units; ``fit``
-  converts).
+  converts);
+- ``predict(result, X_new, backend, dt, batch_size)`` labels new points (:func:`kkmgpu.predict`, after its
+  shared checks).
 
 The estimator (:class:`kkmgpu.KernelKMeans`) reads the same declarations to know which parameters belong to
 which method. A new method is one module with its runner and a :func:`register` call, imported by
@@ -27,20 +29,21 @@ class Method:
     params: tuple[str, ...]
     check: Callable[..., Any]
     run: Callable[..., Any]
+    predict: Callable[..., Any]
 
 
 #: name -> Method, in registration order (the order of ``fit``'s documentation)
 METHODS: dict[str, Method] = {}
 
 
-def register(name: str, summary: str, params: tuple[str, ...], check, run) -> Method:
+def register(name: str, summary: str, params: tuple[str, ...], check, run, predict) -> Method:
     if name in METHODS:
         raise ValueError(f"method {name!r} is registered twice")
     owned = {p: m.name for m in METHODS.values() for p in m.params}
     for p in params:
         if p in owned:
             raise ValueError(f"parameter {p!r} of method {name!r} already belongs to method {owned[p]!r}")
-    METHODS[name] = method = Method(name, summary, tuple(params), check, run)
+    METHODS[name] = method = Method(name, summary, tuple(params), check, run, predict)
     return method
 
 

@@ -164,11 +164,13 @@ def test_a_registered_method_is_reached_through_fit(monkeypatch):
         calls.append((ctx.n, ctx.k, params))
         return dataclasses.replace(_methods.METHODS["exact"].run(ctx, params), method="twice-exact")
 
-    monkeypatch.setitem(_methods.METHODS, "twice-exact", _methods.Method("twice-exact", "a test method", (), check, run))
+    monkeypatch.setitem(_methods.METHODS, "twice-exact", _methods.Method("twice-exact", "a test method", (), check, run,
+                                                                         _methods.METHODS["exact"].predict))
     X, _ = kkmgpu.datasets.make_two_circles(120, random_state=0)
     result = kkmgpu.fit(X, 2, gamma=5.0, method="twice-exact", device="cpu", random_state=0)
     reference = kkmgpu.fit(X, 2, gamma=5.0, device="cpu", random_state=0)
     assert calls == [(120, 2, {"engine": "dense", "tf32": False})] and result.method == "twice-exact"
     np.testing.assert_array_equal(result.labels, reference.labels)
+    np.testing.assert_array_equal(kkmgpu.predict(result, X[:30]), reference.labels[:30])  # its predict too
     with pytest.raises(ValueError, match=r"method='nope' is not available; use one of \['exact', 'cats'"):
         kkmgpu.fit(X, 2, method="nope", device="cpu")
