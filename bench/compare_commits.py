@@ -11,7 +11,7 @@ best times across the rounds of either tree, and twice the scatter within a run.
 pytest ``-k`` expression) defaults to the exact engine's iterations and end-to-end fit, CATS end to end and the bandwidth search
 (``bench_exact.py``, ``bench_cats.py::test_cats_fit``, ``bench_offgrid.py::test_search_bandwidth_speed``).
 
-Writes ``bench/results/<date>-<device>-commits.json`` (both commits, every round's times, the verdicts) and prints
+Writes ``bench/results/<date>-<device>-commits-<base>-<head>.json`` (both commits, every round's times, the verdicts) and prints
 a table. A benchmark, not a test: it exits 0 whatever the verdicts (``--fail-on-slower`` exits 1 on a slower case).
 """
 
@@ -158,7 +158,8 @@ def main(argv=None) -> int:
     from _kkmgpu_bench import device_identity
 
     ident = device_identity("cpu")
-    path = results_dir / f"{datetime.date.today().isoformat()}-{ident['slug']}-commits.json"
+    path = results_dir / (f"{datetime.date.today().isoformat()}-{ident['slug']}-commits-{commits['base'][:7]}-"
+                          f"{commits['head'][:7]}{'-dirty' if dirty else ''}.json")
     record = {"schema": "kkmgpu-bench-commits/1", "device": ident, "base": {"rev": args.base, "commit": commits["base"]},
               "head": {"rev": args.head or "working tree", "commit": commits["head"], "uncommitted_changes": dirty},
               "rounds": args.rounds, "select": args.select, "sizes": args.sizes, "noise_floor": NOISE_FLOOR,
