@@ -130,3 +130,19 @@ def test_no_page_points_into_the_shared_folder():
     offending = [f"{p.relative_to(ROOT)}:{n}" for p in PAGES
                  for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "../shared" in line]
     assert offending == []
+
+
+def test_every_registered_method_is_documented():
+    """The methods fit offers come from one registry (kkmgpu._methods); each is named in fit's docstring, in the
+    user guide and in the README, so a new method cannot land undocumented."""
+    import kkmgpu
+    from kkmgpu import _methods
+
+    doc_line = next(line for line in kkmgpu.fit.__doc__.splitlines() if line.strip().startswith("method :"))
+    guide = (ROOT / "docs" / "exact.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert len(_methods.METHODS) >= 4
+    for name in _methods.METHODS:
+        assert f'"{name}"' in doc_line, (name, doc_line)
+        assert f'method="{name}"' in guide or f"method='{name}'" in guide, name
+        assert f'"{name}"' in readme, name
