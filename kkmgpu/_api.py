@@ -313,17 +313,23 @@ def _check_exact(method, ctx, values):
     return {"engine": engine, "tf32": values["tf32"]} if method == "exact" else None
 
 
+def _kernel_on_device(X, spec, backend, dt, precomputed):
+    """(K in ``dt`` on the device, prepared features or None): a precomputed K copied (memory checked), else the
+    features prepared for building K."""
+    if precomputed:
+        if X.dtype != dt:
+            n = X.shape[0]
+            _kernels.check_fits(X.size * dt.itemsize, backend, f"the {n} x {n} {dt.name} copy of K")
+        return backend.asarray(X, dtype=dt), None
+    return None, _kernels.prepare_features(X, spec, backend, _validation.compute_dtype(dt))
+
+
 def _fit_exact(ctx, params):
     """fit(method="exact"): the dense K (or a precomputed one) or the tiled engine, then the Lloyd driver."""
     X, k, n, spec, backend, dt = ctx.X, ctx.k, ctx.n, ctx.spec, ctx.backend, ctx.dt
     precomputed, engine, tf32, verbose = ctx.precomputed, params["engine"], params["tf32"], ctx.verbose
-    if precomputed:
-        features = None
-        if X.dtype != dt:
-            _kernels.check_fits(X.size * dt.itemsize, backend, f"the {n} x {n} {dt.name} copy of K")
-        K = backend.asarray(X, dtype=dt)
-    else:
-        features = _kernels.prepare_features(X, spec, backend, _validation.compute_dtype(dt))
+    K, features = _kernel_on_device(X, spec, backend, dt, precomputed)
+    if not precomputed:
         engine = choose_engine(engine, n, dt, backend)
         if engine == "dense":
             with gemm_precision(backend, tf32):
@@ -462,13 +468,8 @@ def _fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, ma
                keep_on_device, n_components, t_start, t_valid):
     """fit(method="eigen"): K on the device, its (top) eigendecomposition, Lloyd on A = V Lambda^(1/2)."""
     n = X.shape[0]
-    if precomputed:
-        features = None
-        if X.dtype != dt:
-            _kernels.check_fits(X.size * dt.itemsize, backend, f"the {n} x {n} {dt.name} copy of K")
-        K = backend.asarray(X, dtype=dt)
-    else:
-        features = _kernels.prepare_features(X, spec, backend, dt)
+    K, features = _kernel_on_device(X, spec, backend, dt, precomputed)
+    if not precomputed:
         K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose, storage=dt)
     weights = backend.asarray(weights_h)
     t_kernel = backend.timer()
@@ -614,24 +615,14 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
 
 def _predict_exact(result, X_new, backend, dt, batch_size):
     """Nearest exact centroid: -2 S[x, c] / n_c + C_c / n_c^2 with S from kernel rows against the training points."""
-    spec, k, xp = result._spec, result.n_clusters, backend.xp
+    k, xp = result.n_clusters, backend.xp
     sizes = np.asarray(result.cluster_sizes, dtype=np.float64) / result._weight_scale
     within = np.asarray(result._within, dtype=np.float64)
     train_labels = backend.asarray(result._train_labels, dtype=np.int32)
     train_weights = backend.asarray(result._train_weights, dtype=np.float64)
-    m = X_new.shape[0]
     step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize, backend=backend)
     out = []
-    if spec.name != "precomputed":
-        A_all = _kernels.prepare_features(X_new, spec, backend, dt)
-        B = backend.asarray(result._train_features)  # a GPU fit predicted under KKMGPU_DEVICE=cpu
-        b_sq = (B * B).sum(axis=1) if spec.name in ("rbf", "laplacian") else None
-    for i0 in range(0, m, step):
-        i1 = min(m, i0 + step)
-        if spec.name == "precomputed":
-            block = backend.asarray(X_new[i0:i1], dtype=dt)
-        else:
-            block = _kernels.kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
+    for i0, i1, block in _kernels.training_kernel_rows(result, X_new, backend, dt, step):
         S = backend.ops.block_cluster_sums(block, train_labels, train_weights, k)
         zeros = xp.zeros(i1 - i0, dtype=xp.float64)
         labels, _, _ = backend.ops.assign_labels(S, zeros, sizes, within, xp.zeros(i1 - i0, dtype=xp.int32))

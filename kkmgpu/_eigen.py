@@ -288,22 +288,11 @@ def predict_eigen(result, X_new, backend: Backend, dt, batch_size):
     """Nearest cluster of each new point in the embedding: a(x) = Lambda^(-1/2) V^T k(X_train, x)."""
     xp = backend.xp
     state = result._eigen_state
-    spec = result._spec
-    m = X_new.shape[0]
     P = backend.asarray(state.projection)
     M = backend.asarray(state.centroid_sums).astype(P.dtype)
     step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize, backend=backend)
-    if spec.name != "precomputed":
-        A_all = _kernels.prepare_features(X_new, spec, backend, dt)
-        B = backend.asarray(result._train_features)
-        b_sq = (B * B).sum(axis=1) if spec.name in ("rbf", "laplacian") else None
     out = []
-    for i0 in range(0, m, step):
-        i1 = min(m, i0 + step)
-        if spec.name == "precomputed":
-            block = backend.asarray(X_new[i0:i1], dtype=dt)
-        else:
-            block = _kernels.kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
+    for i0, i1, block in _kernels.training_kernel_rows(result, X_new, backend, dt, step):
         S = ((block @ P) @ M.T).astype(xp.float64)  # a(x) . M_c
         labels, _, _ = backend.ops.assign_labels(S, xp.zeros(i1 - i0, dtype=xp.float64), state.sizes,
                                                  state.within, xp.zeros(i1 - i0, dtype=xp.int32))

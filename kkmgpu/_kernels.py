@@ -356,6 +356,23 @@ def tile_rows(n_cols: int, itemsize: int, tile_bytes: int = TILE_BYTES, backend:
     return max(1, tile_bytes // row)
 
 
+def training_kernel_rows(result, X_new, backend: Backend, dt, step):
+    """(i0, i1, K(X_new[i0:i1], training points)) in batches of ``step`` rows, for predict: the given rows of a
+    precomputed kernel, else kernel blocks of the new points' prepared features against the training ones."""
+    spec = result._spec
+    m = X_new.shape[0]
+    if spec.name != "precomputed":
+        A_all = prepare_features(X_new, spec, backend, dt)
+        B = backend.asarray(result._train_features)  # a GPU fit predicted under KKMGPU_DEVICE=cpu
+        b_sq = (B * B).sum(axis=1) if spec.name in _DISTANCE_KERNELS else None
+    for i0 in range(0, m, step):
+        i1 = min(m, i0 + step)
+        if spec.name == "precomputed":
+            yield i0, i1, backend.asarray(X_new[i0:i1], dtype=dt)
+        else:
+            yield i0, i1, kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
+
+
 def kernel_block(A, B, spec: KernelSpec, backend: Backend, out=None, a_sq=None, b_sq=None):
     """k(A_i, B_j) for prepared (centred, typed) features A (m, d) and B (n, d) into ``out`` (m, n)."""
     xp = backend.xp

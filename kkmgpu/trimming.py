@@ -578,11 +578,10 @@ def _predict_trimmed(result, X_new, backend: Backend, dt, batch_size=None):
     training point this row is exactly its row of K*, so predicting the training set repeats the fit's last
     assignment step.
     """
-    from ._kernels import kernel_block, prepare_features, tile_rows
+    from ._kernels import tile_rows, training_kernel_rows
 
     xp = backend.xp
     state = result._trim_state
-    spec = result._spec
     k = result.n_clusters
     n = result._n_train
     sizes = np.asarray(result.cluster_sizes, dtype=np.float64) / result._weight_scale
@@ -592,20 +591,10 @@ def _predict_trimmed(result, X_new, backend: Backend, dt, batch_size=None):
     thresholds = backend.asarray(state.thresholds)
     row_sizes = backend.asarray(state.row_sizes)
     diag = backend.asarray(state.train_diag)
-    m = X_new.shape[0]
     # the block, its sorted copy and two trimmed sides
     step = batch_size or max(1, tile_rows(n, 8, backend=backend) // 4)
-    if spec.name != "precomputed":
-        A_all = prepare_features(X_new, spec, backend, dt)
-        B = backend.asarray(result._train_features)
-        b_sq = (B * B).sum(axis=1) if spec.name in ("rbf", "laplacian") else None
     out = []
-    for i0 in range(0, m, step):
-        i1 = min(m, i0 + step)
-        if spec.name == "precomputed":
-            block = backend.asarray(X_new[i0:i1], dtype=dt)
-        else:
-            block = kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
+    for i0, i1, block in training_kernel_rows(result, X_new, backend, dt, step):
         rows = xp.arange(i1 - i0)
         nearest = xp.argmin(diag[None, :] - 2.0 * block, axis=1)
         cut = xp.minimum(row_sizes[nearest] + state.extra, n)

@@ -153,6 +153,14 @@ def cuda_skip_reason():
     return f"CUDA backend unusable: {reason} ({EMULATE_ENV}=1 or --emulate-gpu runs it on the CPU stand-in)"
 
 
+
+def require_cuda():
+    """Skip the calling test, with the reason, unless the CUDA backend (a GPU or the stand-in) is usable."""
+    reason = cuda_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
 def gpu_usable():
     return cuda_skip_reason() is None
 

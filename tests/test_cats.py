@@ -575,11 +575,9 @@ def test_max_iter_without_stopping_warns(device):
 @pytest.mark.gpu
 def test_cuda_run_matches_cpu_run():
     """Sampling draws on the host, so a float64 run is the same on both backends from the same seed."""
-    from conftest import cuda_skip_reason
+    from conftest import require_cuda
 
-    reason = cuda_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_cuda()
     X, _ = blobs(2000, 8, 6, seed=35)
     kwargs = dict(method="cats", init="k-means++", n_init=2, random_state=13, dtype="float64", exact_objective=True)
     cpu = quiet_fit(X, 6, device="cpu", **kwargs)
@@ -787,11 +785,9 @@ def test_gpu_batched_solve_gives_the_eigh_route_run(name, rtol, monkeypatch):
     differ by the soft cutoff (components of M_c near rcond x its largest eigenvalue): measured 1.7e-5 relative
     for rbf in float32, 0.6% for the sigmoid kernel, whose M_c are indefinite; hence GPU_LARGE_M_SOLVER stays
     "eigh" by default."""
-    from conftest import cuda_skip_reason
+    from conftest import require_cuda
 
-    reason = cuda_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_cuda()
     X, _ = blobs(900, 3, 4, seed=50, spread=2.0)
     case = KERNEL_CASES[name]
     data = kernel_matrix(X, kernel="rbf") if name == "precomputed" else X

@@ -357,11 +357,9 @@ def test_grid_search_without_scoring_uses_score():
 @pytest.mark.gpu
 def test_device_arrays_keep_their_type():
     """CuPy inputs skip scikit-learn's host conversion (only n_features_in_ is checked): same results as host input."""
-    from conftest import cuda_skip_reason
+    from conftest import require_cuda
 
-    reason = cuda_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_cuda()
     X, _ = blobs(90, 3, 3, seed=24)
     w = np.random.default_rng(25).uniform(0.5, 2.0, 90)
     on_host = KernelKMeans(3, gamma=0.3, dtype="float64", random_state=0, device="cuda").fit(X, sample_weight=w)

@@ -358,11 +358,9 @@ def test_tight_gpu_memory_gives_insufficient_memory_error_or_the_same_result(cas
     """However little memory the GPU has free, a run either raises kkmgpu's InsufficientMemoryError (its memory
     guard) or completes with the result it has with plenty: CuPy's OutOfMemoryError must never escape (a guard
     that accepts and then runs out, or a work buffer sized without looking at the free memory)."""
-    from conftest import cuda_skip_reason
+    from conftest import require_cuda
 
-    reason = cuda_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_cuda()
     # The emulated device accounts for every byte, so a few hundred points show the guard's gaps; a real GPU also
     # holds the libraries' workspaces (cuBLAS, cuSOLVER) beside CuPy's pool: there the arrays must dwarf them.
     emulated = hasattr(_backend.import_cupy().cuda, "standin_device_memory")
