@@ -17,7 +17,9 @@ import os
 import site
 import sys
 
-from kkmgpu import _gpu_kernels, _tiled_gpu
+from kkmgpu.kernels import kernel_kmeans_cuda as _gpu_kernels
+
+from kkmgpu.kernels import tiled_cuda as _tiled_gpu
 
 MODULES = {
     "kernel_kmeans.cu": _gpu_kernels.name_expressions(),

@@ -90,9 +90,9 @@ def _cuda_unavailable_reason() -> str | None:
     if os.environ.get("KKMGPU_DEVICE", "").strip().lower() == "cpu":
         return "KKMGPU_DEVICE=cpu forces the CPU"
     try:
-        from kkmgpu import _backend
+        from kkmgpu.backend import device as _backend
     except ImportError as exc:
-        return f"kkmgpu._backend cannot be imported: {exc}"
+        return f"kkmgpu.backend.device cannot be imported: {exc}"
     return _backend.cuda_unavailable_reason()
 
 

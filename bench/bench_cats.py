@@ -14,7 +14,7 @@ $KKMGPU_BENCH_DEVICES). The subcommands, from the repository root::
 Every subcommand merges its cases into ``bench/results/<YYYY-MM-DD>-<device>-cats.json`` (schema
 "kkmgpu-bench-cats/1", described in bench/README.md, section "CATS"); a case with the same id is replaced.
 ``--device`` (default: cuda where a GPU is usable, else cpu) picks the device; CuPy is imported only through
-``kkmgpu._backend.import_cupy()``. Sizes and seeds come from options or the environment variables listed by
+``kkmgpu.backend.device.import_cupy()``. Sizes and seeds come from options or the environment variables listed by
 ``python bench/bench_cats.py SUBCOMMAND --help``.
 
 Protocol shared by quality, lsweep and mnist: RBF kernel with one gamma for both methods (the library's default
@@ -24,7 +24,7 @@ labels with k random points fixed to 0..k-1), handed to both methods as ``init=l
 with the library defaults (tol 1e-6, max_iter 300) on the kernel matrix built once per data set; CATS with its
 defaults (window 5, theta 1e-6, max_iter 300) and ``random_state=seed``. Distortion = the kernel k-means objective
 sum_i ||phi(x_i) - m_{label_i}||^2 with exact centroids; both partitions are evaluated by the same tiled float32
-routine (kkmgpu._cats.exact_objective), so the ratio does not mix precisions.
+routine (kkmgpu.engine.sampled.exact_objective), so the ratio does not mix precisions.
 """
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ except ImportError:  # benchmark the working tree this folder belongs to
     sys.path.insert(0, str(REPO_ROOT))
 
 import kkmgpu  # noqa: E402
-from kkmgpu import _backend, _cats, _kernels, datasets  # noqa: E402
+from kkmgpu import datasets  # noqa: E402
+from kkmgpu.backend import device as _backend
+from kkmgpu.engine import sampled as _cats
+from kkmgpu.kernels import functions as _kernels
 from kkmgpu.metrics import nmi  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-cats/1"
@@ -104,7 +107,7 @@ def pytest_generate_tests(metafunc):
 def test_coefficient_solve(benchmark, device, route, l):
     """alpha_c = M_c^+ rhs_c for k = 10 clusters of l samples. "eigh" is the default route (one batched LAPACK
     call on the CPU; on a GPU one syevd per cluster for M_c above 32 x 32, cuSOLVER's batched-Jacobi limit);
-    "regularized" is one batched solve of (M_c^2 + eps^2 I) x = M_c rhs_c (kkmgpu._cats._regularized_solve, what
+    "regularized" is one batched solve of (M_c^2 + eps^2 I) x = M_c rhs_c (kkmgpu.engine.sampled._regularized_solve, what
     GPU_LARGE_M_SOLVER = "regularized" runs). ``extra_info["offsets_max_rel_diff"]``: the largest relative
     difference of the offsets alpha^T M alpha from the eigh route's (what the assignment reads)."""
     import pytest

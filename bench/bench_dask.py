@@ -40,7 +40,7 @@ sys.path.insert(0, str(BENCH_DIR))
 from bench_tiled import Run, features  # noqa: E402  (also puts the working tree on sys.path)
 
 import kkmgpu  # noqa: E402
-from kkmgpu import _lloyd  # noqa: E402
+from kkmgpu.engine import lloyd as _lloyd  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-dask/1"
 K = 10

@@ -117,8 +117,8 @@ def plain_kernel_matrix(X, gamma: float, xp):
 
 
 def plain_cluster_sums(K, labels, weights, k: int):
-    """S = K @ (weights * one-hot), float64 (n, k): ``kkmgpu._gpu_kernels.indicator_cluster_sums``."""
-    from kkmgpu import _gpu_kernels
+    """S = K @ (weights * one-hot), float64 (n, k): ``kkmgpu.kernels.kernel_kmeans_cuda.indicator_cluster_sums``."""
+    from kkmgpu.kernels import kernel_kmeans_cuda as _gpu_kernels
 
     return _gpu_kernels.indicator_cluster_sums(K, labels, weights, k)
 
@@ -181,7 +181,7 @@ def plain_lloyd(K, labels, k: int, *, max_iter: int, tol: float, xp):
 
 def plain_fit(X, k: int, *, seed: int, max_iter: int, tol: float, xp):
     """X (on the device) to host labels: gamma "scale", plain K, kkmgpu's init="random" partition, plain Lloyd."""
-    from kkmgpu._lloyd import random_partition
+    from kkmgpu.engine.lloyd import random_partition
 
     n, d = X.shape
     gamma = 1.0 / (d * float(X.var(dtype=xp.float64)))
@@ -197,13 +197,13 @@ def plain_fit(X, k: int, *, seed: int, max_iter: int, tol: float, xp):
 
 
 def _cupy():
-    from kkmgpu._backend import import_cupy
+    from kkmgpu.backend.device import import_cupy
 
     return import_cupy()
 
 
 def _backend(device: str):
-    from kkmgpu._backend import Backend
+    from kkmgpu.backend.device import Backend
 
     if device == "cuda":
         return Backend("cuda", int(_cupy().cuda.runtime.getDevice()))
@@ -236,7 +236,7 @@ def _extra_bytes(problem) -> int:
 
 def _skip_unless_fits(device: str, nbytes: int, what: str) -> None:
     """Skip unless ``nbytes`` fit the free memory of ``device`` with kkmgpu's headroom."""
-    from kkmgpu._backend import MEMORY_HEADROOM
+    from kkmgpu.backend.device import MEMORY_HEADROOM
 
     _free_pool(device)
     available = _backend(device).available_bytes()
@@ -352,7 +352,7 @@ def n(request):
 
 @pytest.fixture(scope="module")
 def problem(mnist, n) -> Problem:
-    from kkmgpu._lloyd import random_partition
+    from kkmgpu.engine.lloyd import random_partition
 
     X, y = mnist_sample(mnist, n, seed=SEED)
     gamma = 1.0 / (X.shape[1] * float(X.astype(np.float64).var()))
@@ -465,7 +465,7 @@ def test_iteration(benchmark, engine, problem, floors, recorder, kernels):
     weights = backend.asarray(np.ones(problem.n, dtype=np.float64))
     clock = Clock(engine.device)
     if engine.is_kkmgpu:
-        from kkmgpu._lloyd import DenseKernelOperator, _totals
+        from kkmgpu.engine.lloyd import DenseKernelOperator, _totals
 
         op = DenseKernelOperator(K, weights, backend)
         ops = backend.ops

@@ -15,7 +15,7 @@ The committed CPU run (bench/README.md): ``table2 --threads 1 --partitions 30``,
 Every subcommand merges its cases into ``bench/results/<YYYY-MM-DD>-<device>-offgrid.json`` (schema
 "kkmgpu-bench-offgrid/1", described in bench/README.md, section "Off-the-grid"); a case with the same id is
 replaced, the file is rewritten after every case. ``--device`` (default: cuda where a GPU is usable, else cpu)
-picks the device; CuPy is imported only through ``kkmgpu._backend``. ``--quick`` scales the repeats down for a
+picks the device; CuPy is imported only through ``kkmgpu.backend.device``. ``--quick`` scales the repeats down for a
 smoke run (the committed run uses the defaults: 10 partitions for table2, 10 repeats for table4).
 
 Data (bench/README.md lists what the paper used and we lack): the five SIPU shape sets as they are, and the real
@@ -44,7 +44,8 @@ except ImportError:  # benchmark the working tree this folder belongs to
     sys.path.insert(0, str(REPO_ROOT))
 
 import kkmgpu  # noqa: E402
-from kkmgpu import _backend, datasets  # noqa: E402
+from kkmgpu import datasets  # noqa: E402
+from kkmgpu.backend import device as _backend
 from kkmgpu._progress import progress_bar  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-offgrid/1"
@@ -485,7 +486,7 @@ def cmd_table4(args, run, bw):
 def cmd_fig1(args, run, bw):
     from _kkmgpu_bench import ForeignCpu
 
-    from kkmgpu import _cnnc
+    from kkmgpu.metrics import cnnc as _cnnc
 
     device = run.device
     # score every clustering of a search from one neighbour sort (kept order: n (n - 1) int32)

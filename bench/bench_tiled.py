@@ -46,8 +46,11 @@ try:
 except ImportError:  # benchmark the working tree this folder belongs to
     sys.path.insert(0, str(REPO_ROOT))
     import kkmgpu
-from kkmgpu import _backend, _kernels, _lloyd, datasets  # noqa: E402
-from kkmgpu._tiled import TiledKernelOperator  # noqa: E402
+from kkmgpu import datasets  # noqa: E402
+from kkmgpu.backend import device as _backend
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.engine import lloyd as _lloyd
+from kkmgpu.engine.tiled import TiledKernelOperator  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-tiled/1"
 K = 10

@@ -52,7 +52,10 @@ except ImportError:  # benchmark the working tree this folder belongs to
     sys.path.insert(0, str(REPO_ROOT))
 
 import kkmgpu  # noqa: E402
-from kkmgpu import _backend, _lloyd, _sparse, datasets  # noqa: E402
+from kkmgpu import datasets  # noqa: E402
+from kkmgpu.backend import device as _backend
+from kkmgpu.engine import lloyd as _lloyd
+from kkmgpu.engine import sparse as _sparse
 from kkmgpu.metrics import nmi  # noqa: E402
 from kkmgpu._progress import progress_bar  # noqa: E402
 

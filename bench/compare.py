@@ -22,7 +22,7 @@ if str(BENCH_DIR.parent) not in sys.path:  # run from a checkout without kkmgpu 
     sys.path.insert(1, str(BENCH_DIR.parent))
 
 from kkmgpu import compare  # noqa: E402
-from kkmgpu._backend import resolve_device  # noqa: E402
+from kkmgpu.backend.device import resolve_device  # noqa: E402
 
 sys.path.insert(0, str(BENCH_DIR))
 import _kkmgpu_bench  # noqa: E402

@@ -103,7 +103,7 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, log to $out/NAM
 case "$phase" in
 tests)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
-    python -c "import kkmgpu._backend as b; print('cuda unusable:', b.cuda_unavailable_reason())"
+    python -c "import kkmgpu.backend.device as b; print('cuda unusable:', b.cuda_unavailable_reason())"
     step 540 gpu-tests python -m pytest -m gpu -q -rs -p no:cacheprovider tests/
     ;;
 engine)

@@ -1,6 +1,6 @@
 """Where the time of one exact Lloyd iteration goes, step by step, on one device.
 
-Reproduces the steps of ``kkmgpu._lloyd.lloyd`` on an MNIST sample (RBF, k = 10, float32, fixed random
+Reproduces the steps of ``kkmgpu.engine.lloyd.lloyd`` on an MNIST sample (RBF, k = 10, float32, fixed random
 labels) and times each one separately against the memory floor bytes(K) / copy bandwidth:
 
     cluster sums S (one pass over K) | assignment (fused distance + argmin) | empty-cluster check |
@@ -32,8 +32,8 @@ except ImportError:
     sys.path.insert(0, str(kb.REPO_ROOT))
     import kkmgpu  # noqa: F401
 
-from kkmgpu import _lloyd  # noqa: E402
-from kkmgpu._backend import resolve_device  # noqa: E402
+from kkmgpu.engine import lloyd as _lloyd  # noqa: E402
+from kkmgpu.backend.device import resolve_device  # noqa: E402
 
 K_CLUSTERS = 10
 

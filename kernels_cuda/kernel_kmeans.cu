@@ -1,8 +1,8 @@
 // kkmgpu: fused CUDA kernels for kernel k-means, compiled at run time by CuPy (RawModule)
 // and instantiated for float and double.  CPU twins with the same semantics live in
-// kkmgpu/_cpu_kernels.py; tests hold the two to each other.
+// kkmgpu/kernels/kernel_kmeans_cpu.py; tests hold the two to each other.
 //
-// kind codes (kkmgpu/_kernels.py EPILOGUE_CODES): 0 linear, 1 rbf, 2 polynomial, 3 sigmoid, 4 laplacian.
+// kind codes (kkmgpu/kernels/functions.py EPILOGUE_CODES): 0 linear, 1 rbf, 2 polynomial, 3 sigmoid, 4 laplacian.
 // Storage types: float, double, and unsigned short (float16 bits) for segment_sums.
 
 template <typename T>

@@ -1,12 +1,12 @@
 // kkmgpu: the matrix-free (tiled) engine's fused kernels, compiled at run time by CuPy (RawModule).
-// CPU twins with the same signatures and semantics: kkmgpu/_tiled_cpu.py; tests hold the two to each
+// CPU twins with the same signatures and semantics: kkmgpu/kernels/tiled_cpu.py; tests hold the two to each
 // other and both to a float64 reference (tests/test_tiled.py).
 //
 // A tile G (t x m, row-major) holds inner products <x_i, y_j> of the rows i = row0 .. row0 + t - 1 with m
 // column points (cuBLAS GEMM).  Each kernel turns a tile entry into a kernel value and consumes it at once:
 //     v(i, j) = (T) kappa(G[i, j])          rounded to the tile's precision, as the dense engine stores K
 //     v(i, j) = 1 for the distance kernels where col_points[j] == row0 + i (||x - x|| is exactly 0)
-// kind codes (kkmgpu/_kernels.py EPILOGUE_CODES): 0 linear (and a callable's block), 1 rbf, 2 polynomial,
+// kind codes (kkmgpu/kernels/functions.py EPILOGUE_CODES): 0 linear (and a callable's block), 1 rbf, 2 polynomial,
 // 3 sigmoid, 4 laplacian.  Cluster sums accumulate in double.
 //
 // SHARED = true keeps a block's k per-cluster sums in shared memory (k * 8 bytes, launched for small k);

@@ -5,16 +5,16 @@
 >>> result.labels, result.objective, result.device                  # doctest: +SKIP
 """
 
-from . import datasets, metrics
-from ._api import fit, kernel_matrix, predict
-from ._backend import DeviceUnavailableError, InsufficientMemoryError, cuda_unavailable_reason
-from .bandwidth import (BandwidthClustering, BandwidthSearchResult, CriticalBandwidth, bandwidth_lower_bound,
+from kkmgpu import datasets, metrics
+from kkmgpu._api import fit, kernel_matrix, predict
+from kkmgpu.backend.device import DeviceUnavailableError, InsufficientMemoryError, cuda_unavailable_reason
+from kkmgpu.bandwidth import (BandwidthClustering, BandwidthSearchResult, CriticalBandwidth, bandwidth_lower_bound,
                         binary_search_critical_bandwidth, critical_bandwidth, fast_power, search_bandwidth,
                         search_grid, search_mknn, search_polynomial_degree)
-from ._kernels import PrecisionWarning, UninformativeKernelWarning
-from ._lloyd import ConvergenceWarning
-from ._result import KernelKMeansResult
-from .trimming import TrimmedKernel, trim_kernel_matrix
+from kkmgpu.kernels.functions import PrecisionWarning, UninformativeKernelWarning
+from kkmgpu.engine.lloyd import ConvergenceWarning
+from kkmgpu._result import KernelKMeansResult
+from kkmgpu.trimming import TrimmedKernel, trim_kernel_matrix
 
 __version__ = "0.1.0"
 
@@ -23,7 +23,7 @@ def __getattr__(name):
     # KernelKMeans imports scikit-learn when it is installed, which would triple the time of `import kkmgpu`:
     # its module loads on first use.
     if name == "KernelKMeans":
-        from .estimator import KernelKMeans
+        from kkmgpu.estimator import KernelKMeans
 
         globals()["KernelKMeans"] = KernelKMeans
         return KernelKMeans

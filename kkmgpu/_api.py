@@ -8,14 +8,20 @@ import time
 
 import numpy as np
 
-from . import _kernels, _validation
-from ._backend import gemm_precision, memory_situation, resolve_device
-from . import _cats, _eigen, _methods, _sparse, trimming
-from ._lloyd import DenseKernelOperator, run_restarts
-from ._progress import active as progress_active, check_progress, progress_bar, scope as progress_scope
-from ._tiled import TiledKernelOperator, choose_engine
-from ._result import KernelKMeansResult
-from .bandwidth import search_bandwidth
+from kkmgpu import _validation
+
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.backend.device import gemm_precision, memory_situation, resolve_device
+from kkmgpu import trimming
+from kkmgpu.engine import sampled as _cats
+from kkmgpu.engine import embedding as _eigen
+from kkmgpu.methods import registry as _methods
+from kkmgpu.engine import sparse as _sparse
+from kkmgpu.engine.lloyd import DenseKernelOperator, run_restarts
+from kkmgpu._progress import active as progress_active, check_progress, progress_bar, scope as progress_scope
+from kkmgpu.engine.tiled import TiledKernelOperator, choose_engine
+from kkmgpu._result import KernelKMeansResult
+from kkmgpu.bandwidth import search_bandwidth
 
 __all__ = ["fit", "predict", "kernel_matrix"]
 
@@ -102,7 +108,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     kernel : str or callable, default="rbf"
         "rbf", "polynomial", "sigmoid" (the papers' "neural" kernel), "linear", "laplacian",
         "precomputed", or a callable ``f(A, B, **kernel_params)`` returning the (len(A), len(B))
-        block. See :mod:`kkmgpu._kernels` for formulas and defaults.
+        block. See :mod:`kkmgpu.kernels.functions` for formulas and defaults.
     gamma : float or {"scale", "auto", "search"}, optional
         Kernel coefficient. Default "scale" = 1 / (n_features * X.var()) for rbf, 1 / sqrt(n_features *
         X.var()) for laplacian (the same rule for its unsquared distance; both independent of X's units),

@@ -7,8 +7,8 @@ import numbers
 
 import numpy as np
 
-from . import _methods
-from ._backend import Backend, check_fits, is_cupy_array, work_bytes
+from kkmgpu.methods import registry as _methods
+from kkmgpu.backend.device import Backend, check_fits, is_cupy_array, work_bytes
 
 UPDATES = ("auto", "full", "incremental")
 INIT_NAMES = ("k-means++", "random")
@@ -96,7 +96,7 @@ def check_data(X, backend: Backend, *, name="X", square=False):
     A sparse matrix (scipy.sparse or cupyx.scipy.sparse, CSR/CSC/COO) is accepted only as a square
     kernel matrix (``square=True``) and comes back as canonical CSR on the device.
     """
-    from . import _sparse
+    from kkmgpu.engine import sparse as _sparse
 
     if _sparse.is_sparse(X):
         return _check_sparse_kernel(X, backend, name, square)
@@ -119,7 +119,7 @@ def check_data(X, backend: Backend, *, name="X", square=False):
 
 
 def _check_sparse_kernel(X, backend: Backend, name, square):
-    from . import _sparse
+    from kkmgpu.engine import sparse as _sparse
 
     if not square:
         raise TypeError(f"{name} is a sparse {type(X).__name__}; sparse input is accepted only as a kernel matrix "
@@ -156,7 +156,7 @@ def check_symmetric(K, backend: Backend, rtol=None, block=None, name="X"):
     Compares the tiles above the diagonal with the transposed tiles below it, so no n x n temporary
     is made; the maxima stay on the device until one host synchronisation per tile row.
     """
-    from . import _sparse
+    from kkmgpu.engine import sparse as _sparse
 
     if _sparse.is_sparse(K):
         return _sparse.check_symmetric_sparse(K, backend, rtol, name=name)
@@ -199,7 +199,7 @@ def check_callable_symmetric(X, spec, backend: Backend, dtype, n_rows=CALLABLE_S
     of X (in the compute ``dtype``), with :func:`check_symmetric`'s tolerance: a precomputed K and a callable's
     K are held to the same rule, at O(n_rows^2 d) cost and without the n x n matrix (CATS and the tiled engine
     never form it)."""
-    from . import _kernels
+    from kkmgpu.kernels import functions as _kernels
 
     n = X.shape[0]
     m = min(n, n_rows)
@@ -297,7 +297,7 @@ def check_cats_params(method, *, n_samples_per_cluster, window, theta, rcond, ex
         if given:
             raise ValueError(f"{', '.join(given)} only apply to method='cats' (method={method!r}).")
         return None
-    from ._cats import default_samples_per_cluster
+    from kkmgpu.engine.sampled import default_samples_per_cluster
 
     l = default_samples_per_cluster(n, k) if n_samples_per_cluster is None else \
         check_int(n_samples_per_cluster, "n_samples_per_cluster", minimum=1)

@@ -8,15 +8,15 @@ How a run is distributed (W workers, n points, d features, k clusters):
 - the rows are split into W contiguous blocks, one per worker; every worker also holds the prepared
   features of *all* n points (the columns of its kernel tiles), gathered once from the Dask array's
   chunks: O(n d) memory per worker, plus its block's n_b x k cluster sums and one kernel tile;
-- exact (method="exact"): the single-device Lloyd driver (:func:`kkmgpu._lloyd.run_restarts`) runs on the
+- exact (method="exact"): the single-device Lloyd driver (:func:`kkmgpu.engine.lloyd.run_restarts`) runs on the
   client over an operator whose cluster sums are the workers' row blocks (:class:`_DaskOperator`): each
   iteration every worker computes the cluster sums S of its rows against all points with the tiled engine
-  (:class:`kkmgpu._tiled.TiledKernelOperator`, incremental when few points moved), and returns the k-sized
+  (:class:`kkmgpu.engine.tiled.TiledKernelOperator`, incremental when few points moved), and returns the k-sized
   partial sizes and within-cluster totals; the client reduces them, sends the totals back, every worker
   assigns its rows, and the client gathers the n labels (int32) and broadcasts them. Restarts, stopping
   rules, the full refresh and the empty-cluster refill are the driver's own. Per iteration and worker:
   4 n bytes of labels in, 4 n_b bytes of labels and O(k) numbers out;
-- CATS (method="cats"): CATS's own loop and restarts (:func:`kkmgpu._cats.iterate`, :func:`kkmgpu._cats.restarts`)
+- CATS (method="cats"): CATS's own loop and restarts (:func:`kkmgpu.engine.sampled.iterate`, :func:`kkmgpu.engine.sampled.restarts`)
   run on the client over :class:`_DaskCatsPasses`: the client samples the l points per cluster (same random
   stream as :func:`kkmgpu.fit`), the workers return their rows' partial L_c w_c (k x l numbers), the client
   computes the coefficients alpha (k x l) and broadcasts them, the workers assign their rows.
@@ -34,12 +34,16 @@ import time
 
 import numpy as np
 
-from . import _cats, _kernels, _validation
-from ._backend import Backend, resolve_device
-from . import _lloyd
-from ._lloyd import initial_labels
-from ._result import KernelKMeansResult
-from ._tiled import TiledKernelOperator
+from kkmgpu import _validation
+
+from kkmgpu.engine import sampled as _cats
+
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.backend.device import Backend, resolve_device
+from kkmgpu.engine import lloyd as _lloyd
+from kkmgpu.engine.lloyd import initial_labels
+from kkmgpu._result import KernelKMeansResult
+from kkmgpu.engine.tiled import TiledKernelOperator
 
 try:
     import dask.array as da
@@ -243,11 +247,11 @@ class _LazyParts:
 
 
 class _DaskOperator:
-    """The Lloyd driver's operator (:mod:`kkmgpu._lloyd`) over the workers' row blocks.
+    """The Lloyd driver's operator (:mod:`kkmgpu.engine.lloyd`) over the workers' row blocks.
 
     S is one future per block (its rows' cluster sums, on the worker's device); labels live on the client and
     are broadcast once per labelling. ``totals``, ``assign`` and ``cross`` reduce the blocks' k-sized parts on
-    the client, so :func:`kkmgpu._lloyd.lloyd` runs unchanged: its stopping rules, incremental updates, refresh
+    the client, so :func:`kkmgpu.engine.lloyd.lloyd` runs unchanged: its stopping rules, incremental updates, refresh
     and empty-cluster refill are the single-device ones. ``rows`` serves k-means++ (every worker holds all
     features: the blocks take turns)."""
 
@@ -306,7 +310,7 @@ class _DaskOperator:
 
 def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dtype):
     """The kernel spec with gamma's data-scale default, and the centre and power-of-two scales that
-    :func:`kkmgpu._kernels.with_center` gives in-memory data, from statistics computed over the chunks."""
+    :func:`kkmgpu.kernels.functions.with_center` gives in-memory data, from statistics computed over the chunks."""
     name = _kernels.canonical_kernel_name(kernel)
     if name == "precomputed":
         raise ValueError("kkmgpu.dask.fit clusters features; kernel='precomputed' is not supported there.")
@@ -349,7 +353,7 @@ def _check_dask_array(X):
 
 
 class _DaskCatsPasses:
-    """CATS's two passes over the workers' row blocks, for :func:`kkmgpu._cats.iterate`: each worker returns its
+    """CATS's two passes over the workers' row blocks, for :func:`kkmgpu.engine.sampled.iterate`: each worker returns its
     rows' partial L_c w_c, the client computes the coefficients from the samples' features (fetched from one
     worker) and broadcasts them, each worker assigns its rows."""
 
@@ -509,7 +513,7 @@ random_state, verbose, update, tf32
         best = dict(labels=best_run.labels, objective=best_run.objective, history=best_run.history,
                     n_iter=best_run.n_iter, converged=best_run.converged, sizes=best_run.sizes,
                     within=best_run.within, stop_reason=best_run.stop_reason)
-    else:  # CATS's loop and restarts (kkmgpu._cats), its two passes over the workers' blocks
+    else:  # CATS's loop and restarts (kkmgpu.engine.sampled), its two passes over the workers' blocks
         passes = _DaskCatsPasses(cluster, spec, weights_h, diag_h)
         cats_run, cats_runs, init_seconds = _cats.restarts(
             lambda: initial_labels(init, n, k, rng, operator),
@@ -530,7 +534,7 @@ random_state, verbose, update, tf32
     if method == "cats":
         params.update(cats_params)
     labels = best["labels"].astype(np.int32)
-    from ._api import _in_user_units  # objectives, sizes and weights back in the caller's units, finite
+    from kkmgpu._api import _in_user_units  # objectives, sizes and weights back in the caller's units, finite
 
     return _in_user_units(KernelKMeansResult(
         labels=labels, objective=float(best["objective"]),

@@ -35,7 +35,7 @@ def run(args):
     Prints a table (method, data, n, device, seconds, NMI, objective) and the paths of the pictures it wrote
     (``circles.png``, ``digits.png``; skipped with a message where matplotlib is missing).
     """
-    from kkmgpu.cli import _device_note  # the command line's wording, shared with `kkmgpu fit`
+    from kkmgpu.cli.wording import device_note  # the command line's wording, shared with `kkmgpu fit`
 
     device = args.device
     output_dir = Path(args.output_dir)
@@ -67,7 +67,7 @@ def run(args):
     print()
     print(_format_table(("method", "data", "n", "device", "seconds", "NMI", "objective"), rows))
     print()
-    print(f"device: {rbf.device}{_device_note(device, rbf.device)}")
+    print(f"device: {rbf.device}{device_note(device, rbf.device)}")
     if skipped_real_set:
         print(skipped_real_set)
     print(save_circles_picture(output_dir, X, linear, rbf, y))
@@ -104,11 +104,11 @@ def _load_real_set(quick):
 
 
 def _table_row(method, data, y_true, result):
-    from kkmgpu.cli import _format_number
+    from kkmgpu.cli.wording import format_number
 
     labels = np.asarray(result.labels)
     return (method, data, str(len(labels)), result.device, f"{result.timings['total']:.3f}",
-            f"{nmi(y_true, labels):.3f}", _format_number(result.objective))
+            f"{nmi(y_true, labels):.3f}", format_number(result.objective))
 
 
 def _format_table(header, rows):

@@ -14,10 +14,16 @@ import warnings
 
 import numpy as np
 
-from . import _kernels, _methods, _sparse, _validation
-from ._api import fit as _fit
-from ._api import predict as _predict
-from ._backend import is_cupy_array, resolve_device
+from kkmgpu import _validation
+
+from kkmgpu.kernels import functions as _kernels
+
+from kkmgpu.methods import registry as _methods
+
+from kkmgpu.engine import sparse as _sparse
+from kkmgpu._api import fit as _fit
+from kkmgpu._api import predict as _predict
+from kkmgpu.backend.device import is_cupy_array, resolve_device
 
 try:
     from sklearn.base import BaseEstimator, ClusterMixin
@@ -82,7 +88,7 @@ __all__ = ["KernelKMeans"]
 #: their method, so one estimator can be cloned across methods (a grid over ``method``, scikit-learn's checks,
 #: which set ``n_components=1`` on any estimator that has it); a value other than the default given with
 #: another method is ignored with a UserWarning.
-METHOD_PARAMS = _methods.method_params()  # the methods' own parameters, as they registered them (kkmgpu._methods)
+METHOD_PARAMS = _methods.method_params()  # the methods' own parameters, as they registered them (kkmgpu.methods.registry)
 
 
 class KernelKMeans(ClusterMixin, BaseEstimator):

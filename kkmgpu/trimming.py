@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _sparse, _validation
-from ._backend import Backend, check_fits, resolve_device
+from kkmgpu import _validation
+
+from kkmgpu.engine import sparse as _sparse
+from kkmgpu.backend.device import Backend, check_fits, resolve_device
 
 __all__ = ["TrimmedKernel", "trim_kernel_matrix", "size_scores", "sorted_row_derivative",
            "DEFAULT_VOTE_FRACTION", "DEFAULT_SLACK", "DEFAULT_H", "DEFAULT_MAX_SIZE"]
@@ -234,7 +236,7 @@ def sorted_row_derivative(rows, h=DEFAULT_H):
 
 
 def _namespace(a):
-    from ._backend import import_cupy, is_cupy_array
+    from kkmgpu.backend.device import import_cupy, is_cupy_array
 
     return import_cupy() if is_cupy_array(a) else np
 
@@ -500,12 +502,12 @@ def _fit_sparse(X, k, *, spec, backend, dt, precomputed, method, weights_h, init
     """fit(method="trimmed") and fit(sparse K, kernel="precomputed"): Lloyd on a CSR kernel matrix.
 
     method="trimmed": K (built from X, or the dense precomputed X) is trimmed (Section 3) and freed, then
-    the Lloyd driver runs on K* through :class:`kkmgpu._sparse.SparseKernelOperator`. A sparse X is
+    the Lloyd driver runs on K* through :class:`kkmgpu.engine.sparse.SparseKernelOperator`. A sparse X is
     clustered as given (method="exact").
     """
-    from ._kernels import build_kernel_matrix, check_fits, prepare_features
-    from ._lloyd import run_restarts
-    from ._result import KernelKMeansResult as Result
+    from kkmgpu.kernels.functions import build_kernel_matrix, check_fits, prepare_features
+    from kkmgpu.engine.lloyd import run_restarts
+    from kkmgpu._result import KernelKMeansResult as Result
 
     xp = backend.xp
     n = X.shape[0]
@@ -578,7 +580,7 @@ def _predict_trimmed(result, X_new, backend: Backend, dt, batch_size=None):
     training point this row is exactly its row of K*, so predicting the training set repeats the fit's last
     assignment step.
     """
-    from ._kernels import tile_rows, training_kernel_rows
+    from kkmgpu.kernels.functions import tile_rows, training_kernel_rows
 
     xp = backend.xp
     state = result._trim_state

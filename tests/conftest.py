@@ -57,7 +57,7 @@ def install_cupy_standin():
         del sys.modules[name]
     if str(STANDIN_DIR) not in sys.path:
         sys.path.insert(0, str(STANDIN_DIR))
-    backend = sys.modules.get("kkmgpu._backend")
+    backend = sys.modules.get("kkmgpu.backend.device")
     if backend is not None:
         backend.cuda_unavailable_reason.cache_clear()
 
@@ -144,9 +144,9 @@ def cuda_skip_reason():
     if os.environ.get("KKMGPU_DEVICE", "").strip().lower() == "cpu":
         return "KKMGPU_DEVICE=cpu forces the CPU for this run"
     try:
-        from kkmgpu import _backend
+        from kkmgpu.backend import device as _backend
     except ImportError as exc:  # pragma: no cover - the package is a hard requirement of the suite
-        return f"kkmgpu._backend cannot be imported: {exc}"
+        return f"kkmgpu.backend.device cannot be imported: {exc}"
     reason = _backend.cuda_unavailable_reason()
     if reason is None:
         return None

@@ -20,7 +20,8 @@ import pytest
 from conftest import shape_set
 
 import kkmgpu
-from kkmgpu import _backend, _offgrid
+from kkmgpu.backend import device as _backend
+from kkmgpu.bandwidth import offgrid as _offgrid
 from kkmgpu.bandwidth import _canonical
 
 

@@ -19,7 +19,9 @@ from conftest import shape_set
 from reference import kernel_kmeans_objective, kernel_matrix, reference_kernel_kmeans
 
 import kkmgpu
-from kkmgpu import _backend, _cats, datasets
+from kkmgpu import datasets
+from kkmgpu.backend import device as _backend
+from kkmgpu.engine import sampled as _cats
 from kkmgpu.cli import main
 from kkmgpu.metrics import nmi
 

@@ -101,7 +101,7 @@ def test_usage_errors_exit_2(blobs_csv, capsys):
 
 def test_unusable_device_is_a_one_line_error(blobs_csv, capsys, monkeypatch):
     monkeypatch.delenv("KKMGPU_DEVICE", raising=False)
-    monkeypatch.setattr(kkmgpu._backend, "cuda_unavailable_reason", lambda: "no GPU in this test")
+    monkeypatch.setattr(kkmgpu.backend.device, "cuda_unavailable_reason", lambda: "no GPU in this test")
     assert main(["fit", str(blobs_csv), "-k", "2", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kkmgpu: error: ") and "no GPU in this test" in err
@@ -110,7 +110,7 @@ def test_unusable_device_is_a_one_line_error(blobs_csv, capsys, monkeypatch):
 
 def test_auto_device_says_it_fell_back(blobs_csv, capsys, monkeypatch):
     monkeypatch.delenv("KKMGPU_DEVICE", raising=False)
-    monkeypatch.setattr(kkmgpu._backend, "cuda_unavailable_reason", lambda: "no GPU in this test")
+    monkeypatch.setattr(kkmgpu.backend.device, "cuda_unavailable_reason", lambda: "no GPU in this test")
     monkeypatch.setattr(kkmgpu, "cuda_unavailable_reason", lambda: "no GPU in this test")
     assert main(["fit", str(blobs_csv), "-k", "2", "--device", "auto"]) == 0
     out = capsys.readouterr().out

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kkmgpu import metrics
-from kkmgpu._cnnc import CnncScorer
-from kkmgpu._backend import resolve_device
+from kkmgpu.metrics.cnnc import CnncScorer
+from kkmgpu.backend.device import resolve_device
 
 
 def reference_cnnc(X, labels, k, tie="index"):

@@ -23,9 +23,11 @@ import pytest
 from reference import kernel_kmeans_objective, kernel_matrix
 
 import kkmgpu
-from kkmgpu import _backend, _kernels, _offgrid
-from kkmgpu._lloyd import DenseKernelOperator, kmeans_plus_plus, random_partition, refill_empty_clusters
-from kkmgpu._tiled import TiledKernelOperator
+from kkmgpu.backend import device as _backend
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.bandwidth import offgrid as _offgrid
+from kkmgpu.engine.lloyd import DenseKernelOperator, kmeans_plus_plus, random_partition, refill_empty_clusters
+from kkmgpu.engine.tiled import TiledKernelOperator
 
 
 def host(a):
@@ -292,7 +294,7 @@ def test_float16_storage_of_negative_kernels(device, kernel, params):
     u = params["gamma"] * (X @ X.T) + params["coef0"]
     u_error = 8 * np.finfo(np.float32).eps * (params["gamma"] * np.outer(norms, norms) + abs(params["coef0"]))
     slope = 1.0 if kernel == "sigmoid" else params["degree"] * (np.abs(u) + u_error) ** (params["degree"] - 1)
-    # float16 storage holds K / 2^e with its largest value at most 1 (kkmgpu._kernels' value_scale: GPU products
+    # float16 storage holds K / 2^e with its largest value at most 1 (kkmgpu.kernels.functions' value_scale: GPU products
     # of float16 blocks return float16 sums), and values below float16's smallest normal number (2^-14) are not
     # kept to full subnormal precision there: the absolute floor is 2^-14 * 2^e in K's units, at most 2^-13 of
     # max |K| (below float16's 2^-11 relative rounding of the largest values)

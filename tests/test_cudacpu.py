@@ -42,7 +42,8 @@ def _module(name, name_expressions=(), **kw):
 
 
 def _real_sources():
-    from kkmgpu import _gpu_kernels, _tiled_gpu
+    from kkmgpu.kernels import kernel_kmeans_cuda as _gpu_kernels
+    from kkmgpu.kernels import tiled_cuda as _tiled_gpu
     return [(_gpu_kernels.cuda_source(), _gpu_kernels.name_expressions(), ROOT / "kernels_cuda" / "kernel_kmeans.cu"),
             (_gpu_kernels.cuda_source("tiled.cu"), _tiled_gpu.name_expressions(), ROOT / "kernels_cuda" / "tiled.cu")]
 

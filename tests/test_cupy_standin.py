@@ -30,7 +30,7 @@ def standin(monkeypatch):
     for name in saved:
         del sys.modules[name]
     monkeypatch.syspath_prepend(str(STANDIN_DIR))
-    backend = sys.modules.get("kkmgpu._backend")
+    backend = sys.modules.get("kkmgpu.backend.device")
     try:
         cp = importlib.import_module("cupy")
         assert cp.__file__.startswith(str(STANDIN_DIR)), cp.__file__
@@ -301,7 +301,7 @@ def test_tf32_compute_type_rounds_float32_products(standin):
 
 
 def test_kkmgpu_gemm_precision_switches_the_standin(standin):
-    from kkmgpu._backend import Backend, gemm_precision
+    from kkmgpu.backend.device import Backend, gemm_precision
     cp = standin.cp
     from cupy._core import _routines_linalg as rl
 

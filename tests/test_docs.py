@@ -111,7 +111,7 @@ def test_quick_start_commands_are_the_ones_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert TEST_COMMAND in ci  # .ci/run: readme_tests() { pip install ".[test]" && python -m pytest; }
     # the demo command parses (and its output folder option exists)
-    from kkmgpu.cli import _build_parser
+    from kkmgpu.cli.commands import _build_parser
 
     args = _build_parser().parse_args(shlex.split(DEMO_COMMAND.split("&&")[1])[1:])
     assert args.command == "demo"
@@ -133,10 +133,10 @@ def test_no_page_points_into_the_shared_folder():
 
 
 def test_every_registered_method_is_documented():
-    """The methods fit offers come from one registry (kkmgpu._methods); each is named in fit's docstring, in the
+    """The methods fit offers come from one registry (kkmgpu.methods.registry); each is named in fit's docstring, in the
     user guide and in the README, so a new method cannot land undocumented."""
     import kkmgpu
-    from kkmgpu import _methods
+    from kkmgpu.methods import registry as _methods
 
     doc_line = next(line for line in kkmgpu.fit.__doc__.splitlines() if line.strip().startswith("method :"))
     guide = (ROOT / "docs" / "exact.md").read_text()

@@ -1,4 +1,4 @@
-"""The Lloyd driver's observable choices (kkmgpu._lloyd): how the cluster sums follow a step (full pass vs the
+"""The Lloyd driver's observable choices (kkmgpu.engine.lloyd): how the cluster sums follow a step (full pass vs the
 incremental update), what its verbose log and progress bar say, and the timings it reports. Written for the
 mutation run's survivors (docs/mutation-testing.md): each test fails under a plausible slip in that logic."""
 
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import kkmgpu
-from kkmgpu import _lloyd, _progress
-from kkmgpu._backend import Backend
-from kkmgpu._lloyd import DenseKernelOperator, lloyd, run_restarts
+from kkmgpu import _progress
+from kkmgpu.engine import lloyd as _lloyd
+from kkmgpu.backend.device import Backend
+from kkmgpu.engine.lloyd import DenseKernelOperator, lloyd, run_restarts
 
 
 def _problem(seed=0, n=240, k=4, d=3):

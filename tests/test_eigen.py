@@ -19,8 +19,9 @@ import pytest
 from reference import assign_new_points, kernel_kmeans_objective, kernel_matrix, reference_kernel_kmeans
 
 import kkmgpu
-from kkmgpu import _backend, _eigen
-from kkmgpu._lloyd import run_restarts
+from kkmgpu.backend import device as _backend
+from kkmgpu.engine import embedding as _eigen
+from kkmgpu.engine.lloyd import run_restarts
 from kkmgpu.metrics import nmi
 
 

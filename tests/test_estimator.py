@@ -363,7 +363,7 @@ def test_device_arrays_keep_their_type():
     X, _ = blobs(90, 3, 3, seed=24)
     w = np.random.default_rng(25).uniform(0.5, 2.0, 90)
     on_host = KernelKMeans(3, gamma=0.3, dtype="float64", random_state=0, device="cuda").fit(X, sample_weight=w)
-    import kkmgpu._backend as _backend
+    import kkmgpu.backend.device as _backend
 
     cp = _backend.import_cupy()
     est = KernelKMeans(3, gamma=0.3, dtype="float64", random_state=0, device="cuda")

@@ -59,13 +59,23 @@ def test_public_names():
     assert isinstance(kkmgpu.__version__, str)
 
 
+def _package_modules() -> dict:
+    """{dotted module name: path} for every module of the package, subpackages included."""
+    modules = {}
+    for path in sorted((REPO_ROOT / "kkmgpu").rglob("*.py")):
+        parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
 def test_cupy_is_imported_in_one_module_only():
-    """Only kkmgpu/_cupy.py imports cupy or cupyx (statements or importlib), so CPU users never pay for it."""
+    """Only kkmgpu/backend/cupy_loader.py imports cupy or cupyx (statements or importlib), so CPU users never pay
+    for it."""
     import ast
 
     offenders = []
-    for path in sorted((REPO_ROOT / "kkmgpu").glob("*.py")):
-        if path.name == "_cupy.py":
+    for name, path in _package_modules().items():
+        if name == "kkmgpu.backend.cupy_loader":
             continue
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             names = []
@@ -80,26 +90,35 @@ def test_cupy_is_imported_in_one_module_only():
                     names = [arg.value]
                 elif "cupy" in ast.unparse(arg):  # e.g. f"{cupyx.__name__}.scipy.sparse"
                     names = ["cupy (computed name)"]
-            offenders += [f"{path.name}:{node.lineno} {name}" for name in names if name.split(".")[0] in
+            offenders += [f"{name}:{node.lineno} {imported}" for imported in names if imported.split(".")[0] in
                           ("cupy", "cupyx", "cupy (computed name)")]
     assert offenders == []
 
 
 def _package_imports():
-    """{module: kkmgpu modules it imports}, from every import statement in kkmgpu/*.py (function-level ones too)."""
+    """{module: kkmgpu modules it imports}, from every import statement in the package (function-level ones too),
+    by dotted name. ``from kkmgpu.engine import lloyd`` imports the module ``kkmgpu.engine.lloyd``;
+    ``from kkmgpu import fit`` imports the package's ``__init__`` (``kkmgpu``)."""
     import ast
 
-    modules = {p.stem: p for p in (REPO_ROOT / "kkmgpu").glob("*.py")}
+    modules = _package_modules()
     graph = {}
     for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges = set()
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                edges.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("kkmgpu."):
-                edges.add(node.module.split(".")[1])
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    source = f"{base}.{node.module}" if node.module else base
+                else:
+                    source = node.module or ""
+                if not source.startswith("kkmgpu"):
+                    continue
+                for alias in node.names:
+                    edges.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source)
             elif isinstance(node, ast.Import):
-                edges.update(a.name.split(".")[1] for a in node.names if a.name.startswith("kkmgpu."))
+                edges.update(a.name for a in node.names if a.name.startswith("kkmgpu"))
         graph[name] = {e for e in edges if e in modules and e != name}
     return graph
 
@@ -108,7 +127,8 @@ def test_no_import_circles_inside_the_package():
     """No module of kkmgpu imports, directly or through others, a module that imports it back (deferred
     imports inside functions count: they only hide a circle)."""
     graph = _package_imports()
-    assert graph["_api"] >= {"_lloyd", "bandwidth"} and "_cpu_kernels" in graph["_backend"]  # the parse sees them
+    assert graph["kkmgpu._api"] >= {"kkmgpu.engine.lloyd", "kkmgpu.bandwidth"}  # the parse sees them
+    assert "kkmgpu.kernels.kernel_kmeans_cpu" in graph["kkmgpu.backend.device"]
     circles = []
     for start in sorted(graph):
         path, seen = [start], set()
@@ -134,7 +154,9 @@ def test_methods_are_registered_with_their_own_parameters():
     KernelKMeans, no parameter has two owners, and the CLI offers exactly the registered methods."""
     import inspect
 
-    from kkmgpu import _methods, cli
+    from kkmgpu.cli import commands as cli
+
+    from kkmgpu.methods import registry as _methods
     from kkmgpu.estimator import METHOD_PARAMS
 
     assert list(_methods.METHODS) == ["exact", "cats", "eigen", "trimmed"]
@@ -153,7 +175,7 @@ def test_a_registered_method_is_reached_through_fit(monkeypatch):
     """A new method is a check, a runner and its registration: fit validates what all share, then hands over."""
     import dataclasses
 
-    from kkmgpu import _methods
+    from kkmgpu.methods import registry as _methods
 
     calls = []
 

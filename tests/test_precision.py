@@ -54,7 +54,7 @@ def test_float16_kernel_matrix_is_the_rounded_float32_one():
 
 def test_float16_halves_the_memory_check(monkeypatch):
     """The memory check counts 2 bytes per entry for float16: a budget that refuses float32 admits float16."""
-    from kkmgpu import _backend
+    from kkmgpu.backend import device as _backend
 
     n = 400
     monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: int(n * n * 3 / _backend.MEMORY_HEADROOM))

@@ -295,7 +295,7 @@ def test_result_is_frozen(device):
 def test_keep_on_device(device):
     X, _ = blobs(50, 2, 2, 31)
     result = quiet_fit(X, 2, random_state=0, keep_on_device=True, device=device)
-    expected_type = np.ndarray if device == "cpu" else type(kkmgpu._backend.import_cupy().empty(1))
+    expected_type = np.ndarray if device == "cpu" else type(kkmgpu.backend.device.import_cupy().empty(1))
     assert isinstance(result.labels, expected_type)
     default = quiet_fit(X, 2, random_state=0, device=device)
     np.testing.assert_array_equal(host(result.labels), default.labels)

@@ -12,8 +12,10 @@ import pytest
 import kkmgpu
 import reference
 from conftest import cuda_skip_reason
-from kkmgpu import _kernels, _lloyd, _tiled
-from kkmgpu._backend import Backend, InsufficientMemoryError
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.engine import lloyd as _lloyd
+from kkmgpu.engine import tiled as _tiled
+from kkmgpu.backend.device import Backend, InsufficientMemoryError
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ["rbf", "polynomial", "sigmoid", "linear", "laplacian", "callable"]
@@ -208,7 +210,7 @@ def test_cuda_twin_equals_numba_twin(name, k):
 
 
 def test_cuda_source_declares_the_twins():
-    from kkmgpu._gpu_kernels import cuda_source
+    from kkmgpu.kernels.kernel_kmeans_cuda import cuda_source
 
     src = cuda_source("tiled.cu")
     for name in ("tile_cluster_sums", "tile_moved_sums", "tile_epilogue"):
@@ -228,13 +230,13 @@ def _kernel_parameters(src, name):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("k", [3, 4096, 4097])
 def test_cuda_launchers_pass_what_the_kernels_declare(monkeypatch, dtype, k):
-    """Without a GPU: the CuPy launchers of kkmgpu._tiled_gpu hand each kernel of tiled.cu arguments of exactly
+    """Without a GPU: the CuPy launchers of kkmgpu.kernels.tiled_cuda hand each kernel of tiled.cu arguments of exactly
     its parameter types (CuPy does not check them: a mismatch would read garbage), with a valid launch geometry
     and shared memory for the k per-cluster sums only where the SHARED instantiation is chosen."""
     from types import SimpleNamespace
 
-    from kkmgpu import _tiled_gpu
-    from kkmgpu._gpu_kernels import cuda_source
+    from kkmgpu.kernels import tiled_cuda as _tiled_gpu
+    from kkmgpu.kernels.kernel_kmeans_cuda import cuda_source
 
     src = cuda_source("tiled.cu")
     fake_cp = SimpleNamespace(zeros=np.zeros, ascontiguousarray=np.ascontiguousarray, int32=np.int32,

@@ -13,7 +13,8 @@ import pytest
 import scipy.sparse as sp
 
 import kkmgpu
-from kkmgpu import _backend, _sparse
+from kkmgpu.backend import device as _backend
+from kkmgpu.engine import sparse as _sparse
 from kkmgpu.trimming import size_scores, sorted_row_derivative, trim_kernel_matrix
 
 FIGURE3_SIZES = [43, 19, 10, 9, 6, 6]
@@ -336,7 +337,7 @@ def test_sparse_cluster_sums_match_dense_float64(device, rng):
 
 def test_numba_and_library_routes_agree(rng):
     # The CPU twin (numba) against the route a GPU takes (sparse-dense products), both on the CPU here.
-    from kkmgpu._sparse_cpu import csr_cluster_sums, csr_update_cluster_sums
+    from kkmgpu.kernels.csr_cpu import csr_cluster_sums, csr_update_cluster_sums
 
     n, k = 500, 9
     A = random_symmetric_csr(n, 0.03, rng, dtype=np.float32)

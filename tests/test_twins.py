@@ -11,9 +11,9 @@ import pytest
 
 from conftest import cuda_skip_reason
 import kkmgpu
-from kkmgpu import _kernels
-from kkmgpu._backend import Backend
-from kkmgpu._lloyd import DenseKernelOperator
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.backend.device import Backend
+from kkmgpu.engine.lloyd import DenseKernelOperator
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [(1, 1), (7, 13), (130, 67), (1025, 33)]
@@ -118,7 +118,7 @@ def test_segment_sums_accumulates_unsorted_rows_with_signed_coefficients(backend
     """The raw twin: entries sorted by cluster, rows in any order, repeated rows, negative coefficients. On a
     GPU both launch shapes: many pieces per cluster (partial sums, then segment_reduce) and one (into S)."""
     if backend.is_gpu and pieces == "one":
-        from kkmgpu import _gpu_kernels
+        from kkmgpu.kernels import kernel_kmeans_cuda as _gpu_kernels
 
         monkeypatch.setattr(_gpu_kernels, "_TARGET_THREADS", 1)
     rng = np.random.default_rng(123)
@@ -163,7 +163,7 @@ def test_offgrid_step_is_sqrt_then_product_or_quotient(backend, dtype, divide, s
 def test_lloyd_incremental_equals_full_recomputation(backend, kernel):
     """From the same initial labels the driver with incremental updates gives the full pass's labels,
     history and objective (float64)."""
-    from kkmgpu import _lloyd
+    from kkmgpu.engine import lloyd as _lloyd
 
     rng = np.random.default_rng(2024)
     X = np.vstack([rng.normal(c, 1.0, size=(120, 4)) for c in (0.0, 2.5, 5.0)])
@@ -248,7 +248,7 @@ def test_large_symmetric_cpu_build_uses_row_tiles(monkeypatch):
 
 
 def test_cuda_sources_are_found_and_declare_the_twins():
-    from kkmgpu._gpu_kernels import cuda_source  # importable without CuPy
+    from kkmgpu.kernels.kernel_kmeans_cuda import cuda_source  # importable without CuPy
 
     src = cuda_source()
     for name in ("kernel_epilogue", "assign_labels", "segment_sums", "offgrid_step"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kkmgpu
-from kkmgpu import _backend
+from kkmgpu.backend import device as _backend
 
 
 @pytest.fixture

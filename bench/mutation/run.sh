@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of kkmgpu's core numerics with mutmut 3 (on demand, not in CI). See README.md here.
 #
-#   bench/mutation/run.sh [MODULE ...]        e.g. bench/mutation/run.sh kkmgpu/_quality.py kkmgpu/metrics.py
+#   bench/mutation/run.sh [MODULE ...]        e.g. bench/mutation/run.sh kkmgpu/metrics/internal.py kkmgpu/metrics/__init__.py
 #
 # Environment: PYTHON (default: python; needs kkmgpu's test dependencies and mutmut>=3.8), MUTATION_WORKDIR
 # (default: bench/mutation/.work, git-ignored), MUTATION_CHILDREN (parallel mutants, default 2).

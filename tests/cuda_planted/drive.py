@@ -135,7 +135,8 @@ def real_case(checks):
     """Every kernel kkmgpu instantiates, launched as kkmgpu's launchers do (256 threads), on small inputs."""
     import numpy as np
     import cudacpu
-    from kkmgpu import _gpu_kernels, _tiled_gpu
+    from kkmgpu.kernels import kernel_kmeans_cuda as _gpu_kernels
+    from kkmgpu.kernels import tiled_cuda as _tiled_gpu
 
     rng = np.random.default_rng(7)
     dense = cudacpu.Module(_gpu_kernels.cuda_source(), _gpu_kernels.name_expressions(), _gpu_kernels.NVRTC_OPTIONS)

@@ -1,5 +1,5 @@
 """cupy._core._routines_linalg of the stand-in: cuBLAS compute types (what ``CUPY_TF32=1`` and
-kkmgpu._backend.gemm_precision switch) and the TF32 rounding the stand-in's float32 GEMMs apply under TF32."""
+kkmgpu.backend.device.gemm_precision switch) and the TF32 rounding the stand-in's float32 GEMMs apply under TF32."""
 from __future__ import annotations
 
 import os

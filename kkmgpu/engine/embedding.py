@@ -12,7 +12,7 @@ k-means on the rows of A (Corollary 7). Here:
 2. Negative eigenvalues (rounding in a PSD kernel, or a kernel that is not PSD, such as the sigmoid) are
    clipped to 0; their number and total magnitude are reported in ``result.method_params`` and warned
    about when they are material.
-3. Lloyd iterations run on A through the project's one driver (:func:`kkmgpu._lloyd.run_restarts`) with
+3. Lloyd iterations run on A through the project's one driver (:func:`kkmgpu.engine.lloyd.run_restarts`) with
    :class:`EmbeddingOperator`, which forms the cluster sums S = A (A^T Y) in O(n r k) without the n x n
    product A A^T.
 
@@ -28,9 +28,9 @@ import warnings
 
 import numpy as np
 
-from . import _kernels
-from ._backend import Backend, check_fits, import_cupyx
-from ._lloyd import DenseKernelOperator, _update, run_restarts
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.backend.device import Backend, check_fits, import_cupyx
+from kkmgpu.engine.lloyd import DenseKernelOperator, _update, run_restarts
 
 #: ``n_components=None`` decomposes K fully up to this many points ...
 FULL_DECOMPOSITION_MAX_N = 4096
@@ -175,7 +175,7 @@ class EmbeddingOperator:
     """Cluster sums on the embedding A (n, r) with K ~ A A^T, without forming A A^T.
 
     S = A (A^T Y) with Y the weighted one-hot labels: O(n r k) per pass and O(n r) memory; the
-    operator interface of :mod:`kkmgpu._lloyd` (``n``, ``weights``, ``backend``, ``diag``,
+    operator interface of :mod:`kkmgpu.engine.lloyd` (``n``, ``weights``, ``backend``, ``diag``,
     ``total_diag``, ``rows``, ``cluster_sums``, ``incremental_cost``).
 
     Everything is computed from a float64 copy of A (n r values, small beside K). With S in float32 and

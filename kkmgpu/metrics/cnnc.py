@@ -32,7 +32,7 @@ import numbers
 
 import numpy as np
 
-from ._backend import Backend, is_cupy_array, work_bytes
+from kkmgpu.backend.device import Backend, is_cupy_array, work_bytes
 
 #: Bytes a row tile of the neighbour search may take (distances, argsort output, gathered labels, mismatches).
 TILE_BYTES_CPU = 64 * 2**20
@@ -258,8 +258,8 @@ def cnnc(X, labels, k=None, *, device="auto", batch_size=None) -> float:
     >>> round(cnnc(X, [0, 0, 1, 1], k=3, device="cpu"), 6)   # one empty cluster adds 1/3
     0.504197
     """
-    from . import _validation
-    from ._backend import resolve_device
+    from kkmgpu import _validation
+    from kkmgpu.backend.device import resolve_device
 
     backend = resolve_device(device, (X, labels))
     with backend.activate():

@@ -1,7 +1,7 @@
-"""GPU twins of the fused operations (CuPy), same names and semantics as :mod:`kkmgpu._cpu_kernels`.
+"""GPU twins of the fused operations (CuPy), same names and semantics as :mod:`kkmgpu.kernels.kernel_kmeans_cpu`.
 
 The custom kernels come from ``kernels_cuda/kernel_kmeans.cu``, compiled at run time by CuPy
-and cached per device. CuPy itself is obtained from :mod:`kkmgpu._cupy`, the one module
+and cached per device. CuPy itself is obtained from :mod:`kkmgpu.backend.cupy_loader`, the one module
 that imports it.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._cupy import import_cupy
+from kkmgpu.backend.cupy_loader import import_cupy
 
 __all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "cluster_totals", "offgrid_step",
            "cuda_source", "indicator_cluster_sums"]
@@ -102,7 +102,7 @@ def _weighted_indicator(labels, weights, k, dtype):
 
 
 def segment_sums(K, rows, clusters, coeffs, S):
-    """In place: S[i, clusters[p]] += coeffs[p] * K[rows[p], i]; see :func:`kkmgpu._cpu_kernels.segment_sums`.
+    """In place: S[i, clusters[p]] += coeffs[p] * K[rows[p], i]; see :func:`kkmgpu.kernels.kernel_kmeans_cpu.segment_sums`.
 
     One pass over the entries' rows of K with no one-hot operand (``segment_sums`` in
     kernels_cuda/kernel_kmeans.cu): threads own columns and a piece of one cluster's entries (grid.y), and
@@ -180,7 +180,7 @@ def cluster_totals(labels, weights, own, k):
 
 
 def assign_labels(S, diag, sizes, within, labels, counts=None):
-    """Fused distance + argmin + moved count; see :func:`kkmgpu._cpu_kernels.assign_labels`.
+    """Fused distance + argmin + moved count; see :func:`kkmgpu.kernels.kernel_kmeans_cpu.assign_labels`.
 
     The moved count and the per-cluster counts come back in one transfer.
     """

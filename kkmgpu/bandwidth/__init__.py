@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _offgrid, _validation
-from ._backend import check_fits, memory_advice, resolve_device
-from ._lloyd import DenseKernelOperator, _argsort_stable, initial_labels, lloyd
-from ._progress import check_progress, progress_bar
+from kkmgpu import _validation
+
+from kkmgpu.bandwidth import offgrid as _offgrid
+from kkmgpu.backend.device import check_fits, memory_advice, resolve_device
+from kkmgpu.engine.lloyd import DenseKernelOperator, _argsort_stable, initial_labels, lloyd
+from kkmgpu._progress import check_progress, progress_bar
 
 __all__ = [
     "BandwidthClustering",
@@ -465,7 +467,7 @@ def fast_power(B, p, depth):
     >>> np.allclose(r, [2.0 ** 2.5, 0.5 ** 2.5])
     True
     """
-    from ._backend import Backend, is_cupy_array
+    from kkmgpu.backend.device import Backend, is_cupy_array
 
     p = _check_positive(p, "p")
     depth = _check_depth(depth)
@@ -566,10 +568,10 @@ class _Recorder:
     def _cnnc(self, labels_h):
         if self._scorer is None:
             try:
-                from ._cnnc import CnncScorer
+                from kkmgpu.metrics.cnnc import CnncScorer
                 self._scorer = CnncScorer(self.X, self.backend)
             except ImportError:  # the public function is the contract; the scorer reuses the neighbour order
-                from .metrics import cnnc
+                from kkmgpu.metrics import cnnc
                 self._scorer = lambda labels, k: cnnc(self.X, labels, k, device=self.backend.name)
         return float(self._scorer(labels_h, self.k))
 
@@ -582,7 +584,7 @@ class _Recorder:
             score = self._cnnc(labels_h)
             nmi = None
             if self.y_true is not None:
-                from .metrics import nmi as _nmi
+                from kkmgpu.metrics import nmi as _nmi
                 nmi = float(_nmi(self.y_true, labels_h))
             self.timings["scoring"] += time.perf_counter() - t0
             labels_ro = labels_h.copy()
@@ -613,7 +615,7 @@ class _Recorder:
         self.bar.close()
         self.timings["total"] = time.perf_counter() - t_start
         if self.warnings:
-            from ._lloyd import ConvergenceWarning
+            from kkmgpu.engine.lloyd import ConvergenceWarning
             warnings.warn(f"{self.method} search: {len(self.warnings)} kernel k-means runs did not reach a fixed "
                           "point; increase max_iter.", ConvergenceWarning, stacklevel=3)
         init = np.asarray(initial_labels, dtype=np.int32).copy()
@@ -696,7 +698,7 @@ def critical_bandwidth(X=None, labels=None, *, K=None, sigma, depth=10, sample_w
     For sigma' > sigma, K_sigma' = K_sigma ** p element-wise with p = sigma / sigma' (paper §5.1). The walk
     keeps K = K_base ** e and K' = K_base ** 2^-j and moves e by +-2^-j with one fused pass over both
     (K' <- sqrt(K'); K <- K / K' when no point moved at the last probe, K * K' when one did; see
-    :mod:`kkmgpu._offgrid` on the pseudocode's branches). At each probe it asks one question — would one
+    :mod:`kkmgpu.bandwidth.offgrid` on the pseudocode's branches). At each probe it asks one question — would one
     kernel k-means assignment step from ``labels`` move any point? — first of the candidate points only
     (§6.2's limiting checks: those whose nearest other cluster is closest, and those that moved at the last
     change; only when one clearly moves), else of all points, so the answer is the full check's.

@@ -1,4 +1,4 @@
-"""CPU twins of the fused operations (numba), same names and semantics as :mod:`kkmgpu._gpu_kernels`.
+"""CPU twins of the fused operations (numba), same names and semantics as :mod:`kkmgpu.kernels.kernel_kmeans_cuda`.
 
 Imported only when the CPU backend runs, so ``import kkmgpu`` does not pay for numba.
 
@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from ._epilogue_codes import EPILOGUE_CODES
+from kkmgpu.kernels.epilogue_codes import EPILOGUE_CODES
 
 __all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "cluster_totals",
            "offgrid_step"]

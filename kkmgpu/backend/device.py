@@ -3,8 +3,8 @@
 Everything else is written once against the array namespace ``xp`` that a
 :class:`Backend` hands out (``numpy`` on the CPU, ``cupy`` on a GPU) and calls
 the fused operations through ``backend.ops``, whose CPU twin is numba code
-(:mod:`kkmgpu._cpu_kernels`) and whose GPU twin is CuPy code
-(:mod:`kkmgpu._gpu_kernels`).
+(:mod:`kkmgpu.kernels.kernel_kmeans_cpu`) and whose GPU twin is CuPy code
+(:mod:`kkmgpu.kernels.kernel_kmeans_cuda`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._cupy import cupy_linalg_routines, import_cupy, import_cupyx  # noqa: F401  (re-exported for the rest of kkmgpu)
+from kkmgpu.backend.cupy_loader import cupy_linalg_routines, import_cupy, import_cupyx  # noqa: F401  (re-exported for the rest of kkmgpu)
 
 __all__ = [
     "Backend",
@@ -130,9 +130,9 @@ class Backend:
     def ops(self):
         """The module with the fused operations for this backend (CPU twin or GPU twin)."""
         if self.kind == "cpu":
-            from . import _cpu_kernels as ops
+            from kkmgpu.kernels import kernel_kmeans_cpu as ops
         else:
-            from . import _gpu_kernels as ops
+            from kkmgpu.kernels import kernel_kmeans_cuda as ops
         return ops
 
     def activate(self):

@@ -32,9 +32,9 @@ import time
 
 import numpy as np
 
-from . import _kernels
-from ._backend import Backend
-from ._lloyd import DenseKernelOperator, _argsort_stable, _totals
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.backend.device import Backend
+from kkmgpu.engine.lloyd import DenseKernelOperator, _argsort_stable, _totals
 
 #: Limited checks are used in a walk only where their expected reads (the diagonal blocks plus the
 #: candidates' rows) are below this fraction of one full pass; tests set it high to force them.

@@ -1,7 +1,5 @@
-"""The ``kkmgpu`` command line: ``kkmgpu demo``, ``kkmgpu fit DATA -k K`` and ``kkmgpu compare``.
-
-Run ``kkmgpu --help`` (or ``python -m kkmgpu --help``) for the options.
-"""
+"""The command line's parser and its ``fit`` and ``demo`` commands (``kkmgpu compare``'s options and runner live
+with the comparison harness, ``kkmgpu.compare``)."""
 
 import argparse
 import os
@@ -11,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 import kkmgpu
-from kkmgpu import _methods, datasets
+from kkmgpu import datasets
+from kkmgpu.methods import registry as _methods
 from kkmgpu import demo as _demo
 from kkmgpu.metrics import nmi
-
-__all__ = ["main"]
+from kkmgpu.cli.wording import device_note, format_number
 
 KERNELS = ("rbf", "polynomial", "sigmoid", "linear", "laplacian")
 
@@ -207,16 +205,16 @@ def _run_fit(args):
     labels = np.asarray(result.labels)
     if args.output is not None:
         np.savetxt(args.output, labels, fmt="%d")
-    params = ", ".join(f"{name}={_format_number(value)}" for name, value in result.kernel_params.items())
+    params = ", ".join(f"{name}={format_number(value)}" for name, value in result.kernel_params.items())
     summary = [
         ("data", f"{args.data} ({X.shape[0]} x {X.shape[1]})"),
         ("k", str(args.k)),
         ("kernel", f"{result.kernel} ({params})" if params else result.kernel),
-        ("device", f"{result.device}{_device_note(args.device, result.device)}"),
+        ("device", f"{result.device}{device_note(args.device, result.device)}"),
         ("dtype", result.dtype),
         ("method", result.method + (f" (l={result.method_params['l']}, stopped: {result.stop_reason})"
                                     if result.method == "cats" else "")),
-        ("objective", _format_number(result.objective) + (" (approximate distortion)" if result.method == "cats"
+        ("objective", format_number(result.objective) + (" (approximate distortion)" if result.method == "cats"
                                                             else "")),
         *([("trimming", f"{result.method_params['n_clusters_estimated']} clusters estimated, kept "
                         f"{result.method_params['density']:.4f} of K ({result.method_params['nnz']} entries), "
@@ -227,10 +225,10 @@ def _run_fit(args):
                                   f"{100 * result.method_params['captured_fraction']:.4g}% of trace K, "
                                   f"{result.method_params['n_negative_eigenvalues']} negative eigenvalues clipped, "
                                   f"{result.timings['eigendecomposition']:.3f} s")] if result.method == "eigen" else []),
-        *([("exact objective", _format_number(result.exact_objective))]
+        *([("exact objective", format_number(result.exact_objective))]
           if result.method in ("cats", "eigen") and result.exact_objective is not None else []),
         *([("bandwidth search", f"{len(result.method_params['bandwidth_search'].clusterings)} distinct clusterings, "
-                                f"best sigma={_format_number(result.method_params['sigma'])} (lowest c-NNC "
+                                f"best sigma={format_number(result.method_params['sigma'])} (lowest c-NNC "
                                 f"{result.method_params['bandwidth_search'].best.cnnc:.4f}), "
                                 f"{result.timings['bandwidth_search']:.3f} s")]
           if "bandwidth_search" in result.method_params else []),
@@ -260,7 +258,7 @@ def _iterations_and_seconds(result):
     return [
         ("n_iter", f"{search.costs['kernel_kmeans_iterations']} in the search's "
                    f"{search.costs['kernel_kmeans_runs']} kernel k-means runs, then {result.n_iter} in the final "
-                   f"fit at sigma={_format_number(result.method_params['sigma'])}"),
+                   f"fit at sigma={format_number(result.method_params['sigma'])}"),
         ("converged", str(result.converged)),
         ("seconds", f"{timings['total']:.3f} (bandwidth search {timings['bandwidth_search']:.3f}; final fit: "
                     f"kernel build {timings['kernel_build']:.3f}, iterations {timings['iterations']:.3f})"),
@@ -269,17 +267,3 @@ def _iterations_and_seconds(result):
 
 def _run_demo(args):
     return _demo.run(args)  # the demo's code lives in kkmgpu/demo.py
-
-
-def _format_number(value):
-    return f"{value:.6g}" if isinstance(value, (float, np.floating)) else str(value)
-
-
-def _device_note(requested, used):
-    """Why the computation ran where it did, when that is not simply what was asked for."""
-    if used != "cpu" or requested == "cpu":
-        return ""
-    if os.environ.get("KKMGPU_DEVICE", "").strip().lower() == "cpu":
-        return " (KKMGPU_DEVICE=cpu forces the CPU)"
-    reason = kkmgpu.cuda_unavailable_reason()
-    return f" (fell back to the CPU: {reason})" if reason else " (fell back to the CPU)"

@@ -50,7 +50,7 @@ import numpy as np
 
 import kkmgpu
 from kkmgpu import datasets
-from kkmgpu._backend import import_cupy, resolve_device
+from kkmgpu.backend.device import import_cupy, resolve_device
 from kkmgpu._progress import check_progress, progress_bar
 
 __all__ = ["METRICS", "Dataset", "Method", "add_arguments", "evaluate", "load_dataset", "make_blobs", "methods",
@@ -271,7 +271,7 @@ def _kkmgpu_fit(X, k, ctx, **options):
 
 
 def _has_method(name):
-    from . import _methods
+    from kkmgpu.methods import registry as _methods
     if name in _methods.METHODS:
         return None
     return f"not available: this kkmgpu has no method={name!r}"
@@ -406,7 +406,7 @@ def evaluate(X, y, labels, *, K=None, device="auto"):
     ValueError
         If y or labels is not one value per row of X.
     """
-    from . import metrics
+    from kkmgpu import metrics
 
     labels = np.asarray(labels)
     n = np.shape(X)[0]

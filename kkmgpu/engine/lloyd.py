@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._backend import Backend
-from . import _progress
-from ._progress import progress_bar
+from kkmgpu.backend.device import Backend
+from kkmgpu import _progress
+from kkmgpu._progress import progress_bar
 
 
 class ConvergenceWarning(UserWarning):

@@ -1,4 +1,4 @@
-"""The one place kkmgpu imports CuPy: :mod:`kkmgpu._backend` and the GPU twins (``_gpu_kernels``, ``_tiled_gpu``)
+"""The one place kkmgpu imports CuPy: :mod:`kkmgpu.backend.device` and the GPU twins (``_gpu_kernels``, ``_tiled_gpu``)
 get it from here, so the backend and the twins it loads do not import each other."""
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels, _validation
-from ._backend import is_cupy_array, resolve_device
+from kkmgpu import _validation
+
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.backend.device import is_cupy_array, resolve_device
 
 __all__ = ["silhouette", "calinski_harabasz", "davies_bouldin", "sum_of_variances"]
 

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ._backend import Backend, check_fits, work_bytes
+from kkmgpu.backend.device import Backend, check_fits, work_bytes
 
-from ._epilogue_codes import EPILOGUE_CODES  # the twins read the same codes
+from kkmgpu.kernels.epilogue_codes import EPILOGUE_CODES  # the twins read the same codes
 KERNEL_NAMES = ("rbf", "polynomial", "sigmoid", "linear", "laplacian", "precomputed")
 KERNEL_ALIASES = {"poly": "polynomial", "neural": "sigmoid", "tanh": "sigmoid", "gaussian": "rbf"}
 _USES_GAMMA = ("rbf", "polynomial", "sigmoid", "laplacian")

@@ -1,5 +1,5 @@
 """CPU twins (numba) of the tiled engine's fused operations, same names and signatures as
-:mod:`kkmgpu._tiled_gpu` (kernels_cuda/tiled.cu).
+:mod:`kkmgpu.kernels.tiled_cuda` (kernels_cuda/tiled.cu).
 
 A tile ``G`` (t, m) holds the inner products <x_i, y_j> of the rows i = row0 .. row0 + t - 1 with m column
 points, straight from a GEMM. Every operation turns an entry into a kernel value
@@ -34,7 +34,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ._epilogue_codes import EPILOGUE_CODES
+from kkmgpu.kernels.epilogue_codes import EPILOGUE_CODES
 
 __all__ = ["tile_cluster_sums", "tile_moved_sums", "tile_epilogue"]
 

@@ -1,7 +1,7 @@
 """The matrix-free (tiled) engine: cluster sums recomputed from the features every iteration, no n x n matrix.
 
 For each row tile [i0, i1) one GEMM gives the inner products G = A[i0:i1] A_cols^T (BLAS on the CPU,
-cuBLAS on a GPU), and one fused pass (:mod:`kkmgpu._tiled_cpu` / kernels_cuda/tiled.cu) turns every
+cuBLAS on a GPU), and one fused pass (:mod:`kkmgpu.kernels.tiled_cpu` / kernels_cuda/tiled.cu) turns every
 entry into a kernel value and adds it, weighted, into the cluster sums of its row at once:
 
     S[i, c] = sum_{j in c} w_j k(x_i, x_j)                          (papers' Eq. 3-4)
@@ -20,10 +20,10 @@ import warnings
 
 import numpy as np
 
-from . import _kernels
-from ._backend import Backend, _format_bytes, gemm_precision
-from . import _progress
-from ._progress import progress_bar
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.backend.device import Backend, _format_bytes, gemm_precision
+from kkmgpu import _progress
+from kkmgpu._progress import progress_bar
 
 __all__ = ["TiledKernelOperator", "choose_engine", "dense_fits", "tiled_ops"]
 
@@ -36,9 +36,9 @@ _DISTANCE = ("rbf", "laplacian")
 def tiled_ops(backend: Backend):
     """The module with the tiled engine's fused operations for ``backend`` (CPU twin or GPU twin)."""
     if backend.is_gpu:
-        from . import _tiled_gpu as ops
+        from kkmgpu.kernels import tiled_cuda as ops
     else:
-        from . import _tiled_cpu as ops
+        from kkmgpu.kernels import tiled_cpu as ops
     return ops
 
 
@@ -79,13 +79,13 @@ def _argsort_stable(xp, a):
 class TiledKernelOperator:
     """Cluster sums of kernel k-means from prepared features, K recomputed in tiles (never stored).
 
-    Implements the operator interface of :mod:`kkmgpu._lloyd` (``n``, ``weights``, ``backend``,
+    Implements the operator interface of :mod:`kkmgpu.engine.lloyd` (``n``, ``weights``, ``backend``,
     ``diag``, ``total_diag``, ``rows``, ``cluster_sums``, ``incremental_cost``, ``update_cluster_sums``).
 
     Parameters
     ----------
     A : array of shape (n, d)
-        Prepared features (:func:`kkmgpu._kernels.prepare_features`), float32 or float64, on the device.
+        Prepared features (:func:`kkmgpu.kernels.functions.prepare_features`), float32 or float64, on the device.
     spec : KernelSpec
         Any kernel but "precomputed".
     weights : float64 array of shape (n,) on the device

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _kernels
-from ._backend import MEMORY_HEADROOM, Backend, InsufficientMemoryError, _format_bytes, work_bytes
-from ._lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
+from kkmgpu.kernels import functions as _kernels
+from kkmgpu.backend.device import MEMORY_HEADROOM, Backend, InsufficientMemoryError, _format_bytes, work_bytes
+from kkmgpu.engine.lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
 
 #: The n x (k l) block is kept between the two passes of an iteration when it takes at most this
 #: fraction of the device's free memory (and CACHE_MAX_BYTES); otherwise it is recomputed.

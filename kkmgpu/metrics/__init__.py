@@ -5,7 +5,7 @@ NMI and ARI are scikit-learn's (``normalized_mutual_info_score`` with the arithm
 computed here from the contingency table, so kkmgpu needs no scikit-learn at run time.
 
 Internal indices of the thesis slides (kernel-kmeans-thesis-slides.txt), computed on the device in
-float64 (:mod:`kkmgpu._quality`): :func:`silhouette` (tiled, O(n^2 d)), :func:`calinski_harabasz`,
+float64 (:mod:`kkmgpu.metrics.internal`): :func:`silhouette` (tiled, O(n^2 d)), :func:`calinski_harabasz`,
 :func:`davies_bouldin` and :func:`sum_of_variances`.
 """
 
@@ -15,9 +15,9 @@ import numpy as np
 from scipy import sparse
 from scipy.special import comb
 
-from ._backend import import_cupy, is_cupy_array
-from ._cnnc import cnnc  # c-NNC (Off-the-grid paper, §7): nearest-neighbour clustering cost, lower is better
-from ._quality import calinski_harabasz, davies_bouldin, silhouette, sum_of_variances  # thesis slides' indices
+from kkmgpu.backend.device import import_cupy, is_cupy_array
+from kkmgpu.metrics.cnnc import cnnc  # c-NNC (Off-the-grid paper, §7): nearest-neighbour clustering cost, lower is better
+from kkmgpu.metrics.internal import calinski_harabasz, davies_bouldin, silhouette, sum_of_variances  # thesis slides' indices
 
 __all__ = ["kernel_kmeans_objective", "nmi", "ari", "cnnc",
            "silhouette", "calinski_harabasz", "davies_bouldin", "sum_of_variances"]

@@ -1,7 +1,7 @@
 """GPU twins of the tiled engine's fused operations (CuPy + kernels_cuda/tiled.cu).
 
-Same names, signatures and semantics as :mod:`kkmgpu._tiled_cpu`; see there for the operations.
-CuPy comes from :mod:`kkmgpu._cupy`, the one module that imports it.
+Same names, signatures and semantics as :mod:`kkmgpu.kernels.tiled_cpu`; see there for the operations.
+CuPy comes from :mod:`kkmgpu.backend.cupy_loader`, the one module that imports it.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import functools
 
 import numpy as np
 
-from ._cupy import import_cupy
-from ._gpu_kernels import NVRTC_OPTIONS, cuda_source
+from kkmgpu.backend.cupy_loader import import_cupy
+from kkmgpu.kernels.kernel_kmeans_cuda import NVRTC_OPTIONS, cuda_source
 
 __all__ = ["tile_cluster_sums", "tile_moved_sums", "tile_epilogue"]
 
@@ -68,7 +68,7 @@ def _check(G, S=None):
 
 
 def tile_cluster_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, clusters, coeffs, col_points, row0, S):
-    """In place S[i, clusters[j]] += coeffs[j] * kappa(G[i, j]); see :func:`kkmgpu._tiled_cpu.tile_cluster_sums`."""
+    """In place S[i, clusters[j]] += coeffs[j] * kappa(G[i, j]); see :func:`kkmgpu.kernels.tiled_cpu.tile_cluster_sums`."""
     cp = import_cupy()
     t, m = G.shape
     if t == 0 or m == 0:

@@ -4,7 +4,7 @@ Kernel k-means needs only the cluster sums S[i, c] = sum_{j in c} w_j K[i, j] (p
 sparse K (the trimmed K* of kernel-matrix-trimming.txt, Section 3, or any sparse precomputed kernel)
 they cost O(nnz) instead of O(n^2):
 
-* CPU (numba, :mod:`kkmgpu._sparse_cpu`, imported only when the CPU path runs): one pass over the CSR rows,
+* CPU (numba, :mod:`kkmgpu.kernels.csr_cpu`, imported only when the CPU path runs): one pass over the CSR rows,
   S[i, labels[j]] += w_j K[i, j], rows in parallel; after an assignment step only the rows of the points
   that moved are read (K is symmetric, so row p is column p): S[:, new_p] += w_p K[:, p],
   S[:, old_p] -= w_p K[:, p].
@@ -14,7 +14,7 @@ they cost O(nnz) instead of O(n^2):
   routes to each other on a machine without a GPU.
 
 CSR is ``scipy.sparse.csr_matrix`` on the CPU and ``cupyx.scipy.sparse.csr_matrix`` on a GPU; cupyx is
-reached only through :func:`kkmgpu._backend.import_cupyx`.
+reached only through :func:`kkmgpu.backend.device.import_cupyx`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from ._backend import Backend, check_fits, import_cupyx
+from kkmgpu.backend.device import Backend, check_fits, import_cupyx
 
 __all__ = ["SparseKernelOperator", "is_sparse", "sparse_module", "to_backend_csr", "library_cluster_sums",
            "library_update_cluster_sums"]
@@ -128,7 +128,7 @@ def library_update_cluster_sums(K, S, old_labels, new_labels, weights, xp):
 class SparseKernelOperator:
     """Cluster sums from a sparse symmetric kernel matrix in CSR (the Lloyd driver's operator interface).
 
-    Same interface as :class:`kkmgpu._lloyd.DenseKernelOperator`: ``n``, ``weights``, ``backend``, ``diag``,
+    Same interface as :class:`kkmgpu.engine.lloyd.DenseKernelOperator`: ``n``, ``weights``, ``backend``, ``diag``,
     ``total_diag``, ``rows(index)``, ``cluster_sums(labels, k)``, ``incremental_cost(n_moved)`` and
     ``update_cluster_sums(S, old, new)``. A full pass costs O(nnz) on the CPU (numba) and one cuSPARSE
     product on a GPU (which needs float64 values: a float32 K is copied to float64 once, 1.5x its CSR
@@ -168,7 +168,7 @@ class SparseKernelOperator:
     def cluster_sums(self, labels, k):
         if self.backend.is_gpu:
             return library_cluster_sums(self._K64, labels, self.weights, k, self.backend.xp)
-        from ._sparse_cpu import csr_cluster_sums
+        from kkmgpu.kernels.csr_cpu import csr_cluster_sums
 
         return csr_cluster_sums(self.K, labels, self.weights, k)
 
@@ -180,7 +180,7 @@ class SparseKernelOperator:
         if self.backend.is_gpu:
             return library_update_cluster_sums(self._K64, S, old_labels, new_labels, self.weights,
                                                self.backend.xp)
-        from ._sparse_cpu import csr_update_cluster_sums
+        from kkmgpu.kernels.csr_cpu import csr_update_cluster_sums
 
         return csr_update_cluster_sums(self.K, S, old_labels, new_labels, self.weights)
 

@@ -1,0 +1,16 @@
+"""Internal: kernel functions and the custom operations behind the Lloyd iteration.
+
+- ``functions``: kernel names, parameters (``KernelSpec``) and kernel blocks as a GEMM plus an epilogue.
+- ``epilogue_codes``: the kernel codes shared by the CUDA sources and their twins.
+
+Each CUDA source in ``kernels_cuda/`` has two beside-named modules with the same functions and signatures:
+
+==========================  ===============================  ===========================
+CUDA source                 CUDA launcher (CuPy)             CPU twin (numba)
+==========================  ===============================  ===========================
+``kernel_kmeans.cu``        ``kernel_kmeans_cuda``           ``kernel_kmeans_cpu``
+``tiled.cu``                ``tiled_cuda``                   ``tiled_cpu``
+==========================  ===============================  ===========================
+
+``csr_cpu`` has the numba CSR cluster sums; on a GPU the same work is a cuSPARSE product (no custom kernel).
+"""
