@@ -52,7 +52,8 @@ import kkmgpu  # noqa: E402
 from kkmgpu import datasets  # noqa: E402
 from kkmgpu.backend import device as _backend
 from kkmgpu.engine import sampled as _cats
-from kkmgpu.kernels import functions as _kernels
+from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.metrics import nmi  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-cats/1"
@@ -224,8 +225,8 @@ class Objective:
         self.backend = _backend.resolve_device(device)
         with self.backend.activate():
             Xd = self.backend.asarray(X)
-            spec = _kernels.resolve_kernel("rbf", gamma=gamma, X=Xd, xp=self.backend.xp)
-            spec = _kernels.with_center(spec, Xd, self.backend.xp)
+            spec = _kernel_spec.resolve_kernel("rbf", gamma=gamma, X=Xd, xp=self.backend.xp)
+            spec = _kernel_spec.with_center(spec, Xd, self.backend.xp)
             self.source = _cats.KernelSource(_kernels.prepare_features(Xd, spec, self.backend, np.float32),
                                              spec, self.backend)
         self.n = X.shape[0]

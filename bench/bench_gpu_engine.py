@@ -465,7 +465,8 @@ def test_iteration(benchmark, engine, problem, floors, recorder, kernels):
     weights = backend.asarray(np.ones(problem.n, dtype=np.float64))
     clock = Clock(engine.device)
     if engine.is_kkmgpu:
-        from kkmgpu.engine.lloyd import DenseKernelOperator, _totals
+        from kkmgpu.engine.dense import DenseKernelOperator
+        from kkmgpu.engine.lloyd import _totals
 
         op = DenseKernelOperator(K, weights, backend)
         ops = backend.ops
@@ -485,7 +486,7 @@ def test_iteration(benchmark, engine, problem, floors, recorder, kernels):
                                       PARTS_REPEATS),
         }
         call = ("op.cluster_sums(labels, k); _lloyd._totals(op, S, labels, k, xp); "
-                "backend.ops.assign_labels(S, op.diag, sizes, within, labels)  (op = _lloyd.DenseKernelOperator)")
+                "backend.ops.assign_labels(S, op.diag, sizes, within, labels)  (op = kkmgpu.engine.dense.DenseKernelOperator)")
     else:
         diag = xp.diagonal(K).astype(xp.float64)
 

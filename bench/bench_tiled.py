@@ -48,8 +48,10 @@ except ImportError:  # benchmark the working tree this folder belongs to
     import kkmgpu
 from kkmgpu import datasets  # noqa: E402
 from kkmgpu.backend import device as _backend
-from kkmgpu.kernels import functions as _kernels
+from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.engine import lloyd as _lloyd
+from kkmgpu.engine.dense import DenseKernelOperator  # noqa: E402
 from kkmgpu.engine.tiled import TiledKernelOperator  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-tiled/1"
@@ -135,8 +137,8 @@ def gemm_rates(backend, A, tile_rows, tf32=False, tile_repeats=3):
 
 def _prepare(X, backend, dtype=np.float32):
     Xd = backend.asarray(X)
-    spec = _kernels.resolve_kernel("rbf", X=Xd, xp=backend.xp)
-    spec = _kernels.with_center(spec, Xd, backend.xp)
+    spec = _kernel_spec.resolve_kernel("rbf", X=Xd, xp=backend.xp)
+    spec = _kernel_spec.with_center(spec, Xd, backend.xp)
     return _kernels.prepare_features(Xd, spec, backend, dtype), spec
 
 
@@ -187,7 +189,7 @@ def case_scaling(run, backend, n, tf32=False, dense=False):
         t0 = backend.timer()
         Kd = _kernels.build_kernel_matrix(A, A, spec, backend)
         build = backend.timer() - t0
-        dop = _lloyd.DenseKernelOperator(Kd, weights, backend)
+        dop = DenseKernelOperator(Kd, weights, backend)
         _iteration(dop, labels, xp, backend)
         dense_times = _seconds(backend, lambda: _iteration(dop, labels, xp, backend), 3)
         case.update(dense_build_seconds=build, dense_iteration_seconds=dense_times,

@@ -55,6 +55,7 @@ import kkmgpu  # noqa: E402
 from kkmgpu import datasets  # noqa: E402
 from kkmgpu.backend import device as _backend
 from kkmgpu.engine import lloyd as _lloyd
+from kkmgpu.engine.dense import DenseKernelOperator  # noqa: E402
 from kkmgpu.engine import sparse as _sparse
 from kkmgpu.metrics import nmi  # noqa: E402
 from kkmgpu._progress import progress_bar  # noqa: E402
@@ -201,7 +202,7 @@ def pass_seconds(K, device):
         if _sparse.is_sparse(K):
             op = _sparse.SparseKernelOperator(K, weights, backend)
         else:
-            op = _lloyd.DenseKernelOperator(K, weights, backend)
+            op = DenseKernelOperator(K, weights, backend)
         op.cluster_sums(labels, K_CLUSTERS)  # compile / warm up
         return best_seconds(lambda: op.cluster_sums(labels, K_CLUSTERS), device)
 

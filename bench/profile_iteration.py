@@ -33,6 +33,7 @@ except ImportError:
     import kkmgpu  # noqa: F401
 
 from kkmgpu.engine import lloyd as _lloyd  # noqa: E402
+from kkmgpu.engine.dense import DenseKernelOperator  # noqa: E402
 from kkmgpu.backend.device import resolve_device  # noqa: E402
 
 K_CLUSTERS = 10
@@ -55,7 +56,7 @@ def profile(n, device, repeats, floors, mnist):
     gamma = 1.0 / (X.shape[1] * float(X.astype(np.float64).var()))
     K = kkmgpu.kernel_matrix(X, kernel="rbf", gamma=gamma, device=device, dtype="float32")
     weights = xp.ones(n, dtype=K.dtype)
-    operator = _lloyd.DenseKernelOperator(K, weights, backend)
+    operator = DenseKernelOperator(K, weights, backend)
     rng = np.random.default_rng(0)
     labels = backend.asarray(_lloyd.random_partition(n, K_CLUSTERS, rng), dtype=np.int32)
     S, sizes, within, _ = _lloyd._update(operator, labels, K_CLUSTERS, xp)

@@ -11,7 +11,7 @@ from kkmgpu.backend.device import DeviceUnavailableError, InsufficientMemoryErro
 from kkmgpu.bandwidth import (BandwidthClustering, BandwidthSearchResult, CriticalBandwidth, bandwidth_lower_bound,
                         binary_search_critical_bandwidth, critical_bandwidth, fast_power, search_bandwidth,
                         search_grid, search_mknn, search_polynomial_degree)
-from kkmgpu.kernels.functions import PrecisionWarning, UninformativeKernelWarning
+from kkmgpu.kernels.spec import PrecisionWarning, UninformativeKernelWarning
 from kkmgpu.engine.lloyd import ConvergenceWarning
 from kkmgpu._result import KernelKMeansResult
 from kkmgpu.trimming import TrimmedKernel, trim_kernel_matrix

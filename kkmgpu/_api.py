@@ -10,17 +10,15 @@ import numpy as np
 
 from kkmgpu import _validation
 
-from kkmgpu.kernels import functions as _kernels
-from kkmgpu.backend.device import gemm_precision, memory_situation, resolve_device
-from kkmgpu import trimming
-from kkmgpu.engine import sampled as _cats
-from kkmgpu.engine import embedding as _eigen
-from kkmgpu.methods import registry as _methods
+from kkmgpu.kernels import blocks as _kernels
+
+from kkmgpu.kernels import spec as _kernel_spec
+from kkmgpu.backend.device import memory_situation, resolve_device
 from kkmgpu.engine import sparse as _sparse
-from kkmgpu.engine.lloyd import DenseKernelOperator, run_restarts
-from kkmgpu._progress import active as progress_active, check_progress, progress_bar, scope as progress_scope
-from kkmgpu.engine.tiled import TiledKernelOperator, choose_engine
-from kkmgpu._result import KernelKMeansResult
+from kkmgpu.methods import registry as _methods
+from kkmgpu.methods import exact, cats, eigen, trimmed  # noqa: F401  (each registers itself, in this order)
+from kkmgpu._progress import check_progress, scope as progress_scope
+from kkmgpu._result import KernelKMeansResult, in_user_units
 from kkmgpu.bandwidth import search_bandwidth
 
 __all__ = ["fit", "predict", "kernel_matrix"]
@@ -29,8 +27,8 @@ __all__ = ["fit", "predict", "kernel_matrix"]
 def _prepare_inputs(X, backend, spec_args, dtype, precomputed, center_linear=True):
     """Validated data on the device and the resolved kernel spec (centre and scales from X, see with_center)."""
     X = _validation.check_data(X, backend, square=precomputed)
-    spec = _kernels.resolve_kernel(X=X, xp=backend.xp, **spec_args)
-    spec = _kernels.with_center(spec, X, backend.xp, dtype, center_linear=center_linear)
+    spec = _kernel_spec.resolve_kernel(X=X, xp=backend.xp, **spec_args)
+    spec = _kernel_spec.with_center(spec, X, backend.xp, dtype, center_linear=center_linear)
     return X, spec
 
 
@@ -61,12 +59,12 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
     """
     dt = _validation.check_dtype(dtype)
     backend = resolve_device(device, (X,) if Y is None else (X, Y))
-    if _kernels.canonical_kernel_name(kernel) == "precomputed":
+    if _kernel_spec.canonical_kernel_name(kernel) == "precomputed":
         raise ValueError("kernel='precomputed' makes no sense for kernel_matrix; pass a kernel function.")
     with memory_situation(dtype=dt), backend.activate():
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
                                                    kernel_params=kernel_params), dt, False, center_linear=False)
-        ct = _validation.compute_dtype(dt)
+        ct = _kernel_spec.compute_dtype(dt)
         A = _kernels.prepare_features(X, spec, backend, ct)
         if Y is None:
             B = A
@@ -108,7 +106,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     kernel : str or callable, default="rbf"
         "rbf", "polynomial", "sigmoid" (the papers' "neural" kernel), "linear", "laplacian",
         "precomputed", or a callable ``f(A, B, **kernel_params)`` returning the (len(A), len(B))
-        block. See :mod:`kkmgpu.kernels.functions` for formulas and defaults.
+        block. See :mod:`kkmgpu.kernels.spec` for formulas and defaults.
     gamma : float or {"scale", "auto", "search"}, optional
         Kernel coefficient. Default "scale" = 1 / (n_features * X.var()) for rbf, 1 / sqrt(n_features *
         X.var()) for laplacian (the same rule for its unsquared distance; both independent of X's units),
@@ -267,7 +265,7 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
     max_iter, tol, n_init = _validation.check_params(method=method, max_iter=max_iter, tol=tol,
                                                      n_init=n_init, init=init, update=update)
     rng = _validation.make_rng(random_state)
-    precomputed = _kernels.canonical_kernel_name(kernel) == "precomputed"
+    precomputed = _kernel_spec.canonical_kernel_name(kernel) == "precomputed"
     backend = resolve_device(device, (X,))
     with memory_situation(dtype=dt, method=method, engine=engine, precomputed=precomputed), backend.activate():
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
@@ -283,7 +281,7 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
         if precomputed:
             X, spec = _scale_precomputed(X, spec, _validation.check_symmetric(X, backend), dt, backend)
         elif spec.name == "callable":
-            _validation.check_callable_symmetric(X, spec, backend, _validation.compute_dtype(dt))
+            _validation.check_callable_symmetric(X, spec, backend, _kernel_spec.compute_dtype(dt))
         ctx = _methods.FitContext(X=X, k=k, n=n, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
                                   weights_h=weights_h, init=init, n_init=n_init, max_iter=max_iter, tol=tol,
                                   rng=rng, verbose=verbose, keep_on_device=keep_on_device, update=update,
@@ -301,118 +299,14 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
             _kernels.check_informative(spec, backend, dt, **({"K": X} if precomputed else {"X": X}))
         ctx.t_valid = backend.timer()
         if _sparse.is_sparse(X) and method != "trimmed":  # a sparse precomputed K is clustered as given
-            result = trimming._fit_sparse(X, k, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
-                                          method=method, weights_h=weights_h, init=init, n_init=n_init,
-                                          max_iter=max_iter, tol=tol, rng=rng, verbose=verbose,
-                                          keep_on_device=keep_on_device, update=update, params=None,
-                                          t_start=t_start, t_valid=ctx.t_valid)
+            result = trimmed.fit_sparse(X, k, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
+                                        method=method, weights_h=weights_h, init=init, n_init=n_init,
+                                        max_iter=max_iter, tol=tol, rng=rng, verbose=verbose,
+                                        keep_on_device=keep_on_device, update=update, params=None,
+                                        t_start=t_start, t_valid=ctx.t_valid)
         else:
             result = _methods.METHODS[method].run(ctx, resolved)
-        return _in_user_units(result, user_weights, weight_scale, spec)
-
-
-# --- the methods: their checks and runners, registered -------------------------------------------------------
-
-def _check_exact(method, ctx, values):
-    engine = _validation.check_engine(values["engine"], values["tf32"], method=method, precomputed=ctx.precomputed,
-                                      backend=ctx.backend, dtype=ctx.dt)
-    return {"engine": engine, "tf32": values["tf32"]} if method == "exact" else None
-
-
-def _kernel_on_device(X, spec, backend, dt, precomputed):
-    """(K in ``dt`` on the device, prepared features or None): a precomputed K copied (memory checked), else the
-    features prepared for building K."""
-    if precomputed:
-        if X.dtype != dt:
-            n = X.shape[0]
-            _kernels.check_fits(X.size * dt.itemsize, backend, f"the {n} x {n} {dt.name} copy of K")
-        return backend.asarray(X, dtype=dt), None
-    return None, _kernels.prepare_features(X, spec, backend, _validation.compute_dtype(dt))
-
-
-def _fit_exact(ctx, params):
-    """fit(method="exact"): the dense K (or a precomputed one) or the tiled engine, then the Lloyd driver."""
-    X, k, n, spec, backend, dt = ctx.X, ctx.k, ctx.n, ctx.spec, ctx.backend, ctx.dt
-    precomputed, engine, tf32, verbose = ctx.precomputed, params["engine"], params["tf32"], ctx.verbose
-    K, features = _kernel_on_device(X, spec, backend, dt, precomputed)
-    if not precomputed:
-        engine = choose_engine(engine, n, dt, backend)
-        if engine == "dense":
-            with gemm_precision(backend, tf32):
-                K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose, storage=dt)
-        elif verbose:
-            print(f"[kkmgpu] tiled engine: {n} x {n} {spec.name} kernel recomputed in tiles from "
-                  f"{features.shape[1]} features each iteration (no kernel matrix) on {backend.name}")
-    weights = backend.asarray(ctx.weights_h)
-    t_kernel = backend.timer()
-
-    if precomputed or engine == "dense":
-        operator = DenseKernelOperator(K, weights, backend)
-    else:
-        operator = TiledKernelOperator(features, spec, weights, backend, tf32=tf32, verbose=verbose)
-    best, runs, init_seconds = run_restarts(operator, k, init=ctx.init, n_init=ctx.n_init, max_iter=ctx.max_iter,
-                                            tol=ctx.tol, rng=ctx.rng, verbose=verbose, update=ctx.update)
-    t_end = backend.timer()
-
-    labels = best.labels if ctx.keep_on_device else backend.to_host(best.labels).astype(np.int32)
-    timings = {
-        "validation": ctx.t_valid - ctx.t_start,
-        "kernel_build": t_kernel - ctx.t_valid,
-        "init": init_seconds,
-        "iterations": float(sum(r.seconds for r in runs)),
-        "total": t_end - ctx.t_start,
-    }
-    return KernelKMeansResult(
-        labels=labels, objective=float(best.objective),
-        objective_history=np.asarray(best.history, dtype=np.float64), n_iter=int(best.n_iter),
-        converged=bool(best.converged), n_clusters=k, method="exact", kernel=spec.name,
-        kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
-        cluster_sizes=best.sizes.copy(), n_init=ctx.n_init,
-        objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=ctx.weights_h,
-        exact_objective=float(best.objective), stop_reason=best.stop_reason,
-        method_params={"engine": "dense" if precomputed else engine, "tf32": tf32},
-        _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
-        _within=best.within.copy(), _n_train=n)
-
-
-def _check_cats(method, ctx, values):
-    params = _validation.check_cats_params(
-        method, n_samples_per_cluster=values["n_samples_per_cluster"], window=values["window"],
-        theta=values["theta"], rcond=values["rcond"], exact_objective=values["exact_objective"], n=ctx.n, k=ctx.k,
-        dtype=ctx.dt)
-    return None if params is None else dict(params, exact_objective=values["exact_objective"])
-
-
-def _run_cats(ctx, params):
-    return _fit_cats(ctx.X, ctx.k, ctx.spec, ctx.backend, ctx.dt, ctx.precomputed, ctx.weights_h, ctx.init,
-                     ctx.n_init, ctx.max_iter, ctx.rng, ctx.verbose, ctx.keep_on_device,
-                     {key: params[key] for key in ("l", "window", "theta", "rcond")}, params["exact_objective"],
-                     ctx.t_start, ctx.t_valid)
-
-
-def _check_eigen(method, ctx, values):
-    return _validation.check_eigen_params(method, n_components=values["n_components"], n=ctx.n, dtype=ctx.dt)
-
-
-def _run_eigen(ctx, n_components):
-    return _fit_eigen(ctx.X, ctx.k, ctx.spec, ctx.backend, ctx.dt, ctx.precomputed, ctx.weights_h, ctx.init,
-                      ctx.n_init, ctx.max_iter, ctx.tol, ctx.rng, ctx.verbose, ctx.keep_on_device, n_components,
-                      ctx.t_start, ctx.t_valid)
-
-
-def _check_trimmed(method, ctx, values):
-    return _validation.check_trim_params(method, vote_fraction=values["trim_vote_fraction"],
-                                         slack=values["trim_slack"], h=values["trim_h"],
-                                         max_size=values["trim_max_size"], defaults=trimming.DEFAULTS)
-
-
-def _run_trimmed(ctx, params):
-    return trimming._fit_sparse(ctx.X, ctx.k, spec=ctx.spec, backend=ctx.backend, dt=ctx.dt,
-                                precomputed=ctx.precomputed, method="trimmed", weights_h=ctx.weights_h,
-                                init=ctx.init, n_init=ctx.n_init, max_iter=ctx.max_iter, tol=ctx.tol, rng=ctx.rng,
-                                verbose=ctx.verbose, keep_on_device=ctx.keep_on_device, update=ctx.update,
-                                params=params, t_start=ctx.t_start, t_valid=ctx.t_valid)
-
+        return in_user_units(result, user_weights, weight_scale, spec)
 
 
 
@@ -420,9 +314,9 @@ def _scale_precomputed(K, spec, max_abs, dt, backend):
     """A precomputed K whose values exceed the storage precision's range, divided by a power of two.
 
     The clustering does not depend on a common scale of K; ``spec.value_scale`` records the divisor and
-    the objectives are reported in K's units. Values are kept below :func:`_kernels.storage_limit`.
+    the objectives are reported in K's units. Values are kept below :func:`_kernel_spec.storage_limit`.
     """
-    limit = _kernels.storage_limit(dt, K.shape[0])
+    limit = _kernel_spec.storage_limit(dt, K.shape[0])
     if not max_abs > limit:
         return K, spec
     bits = math.ceil(math.log2(max_abs) - math.log2(limit))
@@ -430,137 +324,6 @@ def _scale_precomputed(K, spec, max_abs, dt, backend):
         _kernels.check_fits(K.nbytes, backend, f"the rescaled copy of the {K.shape[0]} x {K.shape[0]} kernel matrix")
     K = K * (2.0 ** -bits)
     return K, dataclasses.replace(spec, value_scale=2.0 ** bits)
-
-
-#: method_params of method="eigen" in the kernel's units (eigenvalues of K)
-_EIGEN_VALUE_PARAMS = ("negative_eigenvalue_mass", "largest_eigenvalue", "smallest_eigenvalue")
-
-
-def _in_user_units(result, user_weights, weight_scale, spec):
-    """The result with objectives, sizes and weights in the caller's units; ValueError if an objective is not finite.
-
-    The iterations ran on weights / ``weight_scale`` and on K / ``spec.value_scale`` (both powers of two,
-    so the labels are those of the original units): the objective is linear in both.
-    """
-    factor = weight_scale * spec.value_scale
-    changes = {"sample_weight": user_weights}
-    if factor != 1.0:
-        changes.update(
-            objective=float(result.objective) * factor,
-            objective_history=np.asarray(result.objective_history, dtype=np.float64) * factor,
-            objectives=np.asarray(result.objectives, dtype=np.float64) * factor,
-            exact_objective=None if result.exact_objective is None else float(result.exact_objective) * factor)
-    if weight_scale != 1.0:
-        changes.update(cluster_sizes=np.asarray(result.cluster_sizes, dtype=np.float64) * weight_scale,
-                       _weight_scale=weight_scale)
-    if spec.value_scale != 1.0 and result.method == "eigen":
-        params = dict(result.method_params)
-        for key in _EIGEN_VALUE_PARAMS:
-            if key in params:
-                params[key] = float(params[key]) * spec.value_scale
-        changes["method_params"] = params
-    result = dataclasses.replace(result, **changes)
-    for name in ("objective", "exact_objective"):
-        value = getattr(result, name)
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"the {name.replace('_', ' ')} is {value} for {spec.describe()} in dtype={result.dtype!r} "
-                             f"(largest value {float(np.finfo(np.dtype(result.dtype)).max):.5g}); the kernel or the "
-                             "weights leave the representable range on these data. Scale X or the weights, change "
-                             "the kernel's parameters, or use dtype='float64'.")
-    return result
-
-
-def _fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, tol, rng, verbose,
-               keep_on_device, n_components, t_start, t_valid):
-    """fit(method="eigen"): K on the device, its (top) eigendecomposition, Lloyd on A = V Lambda^(1/2)."""
-    n = X.shape[0]
-    K, features = _kernel_on_device(X, spec, backend, dt, precomputed)
-    if not precomputed:
-        K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose, storage=dt)
-    weights = backend.asarray(weights_h)
-    t_kernel = backend.timer()
-    n_eig = _eigen.resolve_components(n_components, n, k)
-    best, runs, init_seconds, params, state, exact, decomposition_seconds = _eigen.fit_eigen(
-        K, k, r=n_eig, weights=weights, init=init, n_init=n_init, max_iter=max_iter, tol=tol, rng=rng,
-        verbose=verbose, backend=backend)
-    del K
-    t_end = backend.timer()
-    timings = {
-        "validation": t_valid - t_start,
-        "kernel_build": t_kernel - t_valid,
-        "eigendecomposition": decomposition_seconds,
-        "init": init_seconds,
-        "iterations": float(sum(r.seconds for r in runs)),
-        "total": t_end - t_start,
-    }
-    return KernelKMeansResult(
-        labels=best.labels if keep_on_device else backend.to_host(best.labels).astype(np.int32),
-        objective=float(best.objective), objective_history=np.asarray(best.history, dtype=np.float64),
-        n_iter=int(best.n_iter), converged=bool(best.converged), n_clusters=k, method="eigen", kernel=spec.name,
-        kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
-        cluster_sizes=best.sizes.copy(), n_init=n_init,
-        objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
-        exact_objective=exact, stop_reason=best.stop_reason, method_params=params,
-        _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
-        _within=best.within.copy(), _n_train=n, _eigen_state=state)
-
-
-class _CatsProgress:
-    """CATS's per-iteration callback drawn on a bar over the initialisations."""
-
-    def __init__(self, bar):
-        self.bar, self.restart = bar, 0
-
-    def __call__(self, step):
-        restart = step["restart"] or 0
-        if restart != self.restart:
-            self.bar.update(restart - self.restart)
-            self.restart = restart
-        prefix = "" if step["restart"] is None else f"init {restart}, "
-        self.bar.set_postfix_str(f"{prefix}iteration {step['iteration']}/{step['max_iter']}: "
-                                 f"distortion {step['distortion']:.6g}, {step['moved']} moved")
-
-
-def _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max_iter, rng, verbose,
-              keep_on_device, params, want_exact, t_start, t_valid):
-    """fit(method="cats"): sampled-centroid iterations on features (or on a given K), no n x n matrix."""
-    n = X.shape[0]
-    if precomputed:
-        source_array = backend.asarray(X, dtype=dt)
-    else:
-        source_array = _kernels.prepare_features(X, spec, backend, _validation.compute_dtype(dt))
-    source = _cats.KernelSource(source_array, spec, backend)
-    t_prepared = backend.timer()
-    with progress_bar(n_init, desc="CATS", unit="init", enabled=progress_active()) as bar:
-        best, runs, init_seconds, diag = _cats.run_restarts(
-            source, weights_h, k, init=init, n_init=n_init, max_iter=max_iter, window=params["window"],
-            theta=params["theta"], rcond=params["rcond"], l=params["l"], rng=rng, verbose=verbose,
-            callback=_CatsProgress(bar))
-        bar.update(n_init - bar.n)
-    t_iter = backend.timer()
-    labels_h = backend.to_host(best.labels).astype(np.int32)
-    exact = _cats.exact_objective(source, labels_h, weights_h, k, diag=diag) if want_exact else None
-    t_end = backend.timer()
-    timings = {
-        "validation": t_valid - t_start,
-        "kernel_build": t_prepared - t_valid,  # CATS builds no kernel matrix: feature preparation only
-        "init": init_seconds,
-        "iterations": float(sum(r.seconds for r in runs)),
-        "exact_objective": t_end - t_iter,
-        "total": t_end - t_start,
-    }
-    state = best.state
-    return KernelKMeansResult(
-        labels=best.labels if keep_on_device else labels_h, objective=float(best.objective),
-        objective_history=np.asarray(best.history, dtype=np.float64), n_iter=int(best.n_iter),
-        converged=bool(best.converged), n_clusters=k, method="cats", kernel=spec.name,
-        kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
-        cluster_sizes=best.sizes.astype(np.float64), n_init=n_init,
-        objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
-        exact_objective=exact, stop_reason=best.stop_reason, method_params=params,
-        _spec=spec, _train_features=None if precomputed else source_array, _train_labels=best.labels,
-        _train_weights=backend.asarray(weights_h), _within=np.zeros(k), _n_train=n,
-        _cats_state=state)
 
 
 def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
@@ -601,7 +364,7 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
                          "from kkmgpu.dask.fit(..., keep_features=False), the default. Refit with "
                          "keep_features=True to predict.")
     backend = resolve_device(result.device)
-    dt = _validation.compute_dtype(np.dtype(result.dtype))
+    dt = _kernel_spec.compute_dtype(np.dtype(result.dtype))
     k = result.n_clusters
     with backend.activate():
         X_new = _validation.check_data(X_new, backend, name="X_new")
@@ -615,55 +378,8 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
         if spec.name == "precomputed" and spec.value_scale != 1.0:  # the fit ran on K / value_scale
             X_new = X_new * (1.0 / spec.value_scale)
         if result._trim_state is not None:  # trimmed, or a sparse precomputed K: nearest on the sparse K*
-            return trimming._predict_trimmed(result, X_new, backend, dt, batch_size)
+            return trimmed.predict(result, X_new, backend, dt, batch_size)
         return _methods.METHODS[result.method].predict(result, X_new, backend, dt, batch_size)
-
-
-def _predict_exact(result, X_new, backend, dt, batch_size):
-    """Nearest exact centroid: -2 S[x, c] / n_c + C_c / n_c^2 with S from kernel rows against the training points."""
-    k, xp = result.n_clusters, backend.xp
-    sizes = np.asarray(result.cluster_sizes, dtype=np.float64) / result._weight_scale
-    within = np.asarray(result._within, dtype=np.float64)
-    train_labels = backend.asarray(result._train_labels, dtype=np.int32)
-    train_weights = backend.asarray(result._train_weights, dtype=np.float64)
-    step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize, backend=backend)
-    out = []
-    for i0, i1, block in _kernels.training_kernel_rows(result, X_new, backend, dt, step):
-        S = backend.ops.block_cluster_sums(block, train_labels, train_weights, k)
-        zeros = xp.zeros(i1 - i0, dtype=xp.float64)
-        labels, _, _ = backend.ops.assign_labels(S, zeros, sizes, within, xp.zeros(i1 - i0, dtype=xp.int32))
-        out.append(backend.to_host(labels))
-    return np.concatenate(out).astype(np.int32)
-
-
-def _predict_cats(result, X_new, backend, dt, batch_size):
-    """argmin_c -2 sum_s alpha_s k(x, s) + alpha_c^T M_c alpha_c with the final approximate centroids."""
-    xp = backend.xp
-    state = result._cats_state
-    spec = result._spec
-    k = result.n_clusters
-    index = backend.asarray(state.index.ravel())
-    alpha = backend.asarray(state.alpha)
-    m = X_new.shape[0]
-    step = batch_size or _kernels.tile_rows(index.shape[0], dt.itemsize, backend=backend)
-    if spec.name == "precomputed":
-        A_all = None
-    else:
-        A_all = _kernels.prepare_features(X_new, spec, backend, dt)
-        samples = backend.asarray(result._train_features)[index]
-    flags = state.nonempty.astype(np.float64)
-    out = []
-    for i0 in range(0, m, step):
-        i1 = min(m, i0 + step)
-        if A_all is None:
-            block = backend.asarray(X_new[i0:i1], dtype=dt)[:, index]
-        else:
-            block = _kernels.kernel_block(A_all[i0:i1], samples, spec, backend)
-        T = _cats._project(block, alpha, xp)
-        labels, _, _ = backend.ops.assign_labels(T, xp.zeros(i1 - i0, dtype=xp.float64), flags,
-                                                 state.offsets, xp.zeros(i1 - i0, dtype=xp.int32))
-        out.append(backend.to_host(labels))
-    return np.concatenate(out).astype(np.int32)
 
 
 # --- fit(gamma="search") -------------------------------------------------------------------------------------
@@ -679,7 +395,7 @@ def _fit_with_search(X, k, *, fit_kwargs):
     ``result.method_params["bandwidth_search"]``.
     """
     kernel = fit_kwargs.get("kernel", "rbf")
-    if callable(kernel) or _kernels.canonical_kernel_name(kernel) != "rbf":
+    if callable(kernel) or _kernel_spec.canonical_kernel_name(kernel) != "rbf":
         raise ValueError(f"gamma='search' is the Off-the-grid RBF bandwidth search; it needs kernel='rbf', "
                          f"got kernel={kernel!r}.")
     method = fit_kwargs.get("method", "exact")
@@ -707,17 +423,3 @@ def _fit_with_search(X, k, *, fit_kwargs):
     method_params["bandwidth_search"] = search
     method_params["sigma"] = best.sigma
     return dataclasses.replace(result, timings=timings, method_params=method_params)
-
-
-# --- the registry (after every runner and predictor above is defined) --------------------------------------
-
-_methods.register("exact", "the n x n kernel matrix on the device (or the tiled engine past its memory)",
-                  ("engine", "tf32"), _check_exact, _fit_exact, _predict_exact)
-_methods.register("cats", "centroids approximated from sampled members (CATS): no n x n matrix",
-                  ("n_samples_per_cluster", "window", "theta", "rcond", "exact_objective"), _check_cats, _run_cats,
-                  _predict_cats)
-_methods.register("eigen", "k-means on the kernel's eigen-embedding (the trace objective's Algorithm 16)",
-                  ("n_components",), _check_eigen, _run_eigen, _eigen.predict_eigen)
-_methods.register("trimmed", "Lloyd on the trimmed sparse kernel K* (kernel matrix trimming, Section 3)",
-                  ("trim_vote_fraction", "trim_slack", "trim_h", "trim_max_size"), _check_trimmed, _run_trimmed,
-                  trimming._predict_trimmed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,3 +125,41 @@ class KernelKMeansResult:
         ax.set_ylabel("kernel k-means objective")
         ax.set_title(f"{self.kernel} kernel, k={self.n_clusters}, {self.device}")
         return ax
+
+
+#: method_params of method="eigen" in the kernel's units (eigenvalues of K)
+EIGEN_VALUE_PARAMS = ("negative_eigenvalue_mass", "largest_eigenvalue", "smallest_eigenvalue")
+
+
+def in_user_units(result, user_weights, weight_scale, spec):
+    """The result with objectives, sizes and weights in the caller's units; ValueError if an objective is not finite.
+
+    The iterations ran on weights / ``weight_scale`` and on K / ``spec.value_scale`` (both powers of two,
+    so the labels are those of the original units): the objective is linear in both.
+    """
+    factor = weight_scale * spec.value_scale
+    changes = {"sample_weight": user_weights}
+    if factor != 1.0:
+        changes.update(
+            objective=float(result.objective) * factor,
+            objective_history=np.asarray(result.objective_history, dtype=np.float64) * factor,
+            objectives=np.asarray(result.objectives, dtype=np.float64) * factor,
+            exact_objective=None if result.exact_objective is None else float(result.exact_objective) * factor)
+    if weight_scale != 1.0:
+        changes.update(cluster_sizes=np.asarray(result.cluster_sizes, dtype=np.float64) * weight_scale,
+                       _weight_scale=weight_scale)
+    if spec.value_scale != 1.0 and result.method == "eigen":
+        params = dict(result.method_params)
+        for key in EIGEN_VALUE_PARAMS:
+            if key in params:
+                params[key] = float(params[key]) * spec.value_scale
+        changes["method_params"] = params
+    result = dataclasses.replace(result, **changes)
+    for name in ("objective", "exact_objective"):
+        value = getattr(result, name)
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"the {name.replace('_', ' ')} is {value} for {spec.describe()} in dtype={result.dtype!r} "
+                             f"(largest value {float(np.finfo(np.dtype(result.dtype)).max):.5g}); the kernel or the "
+                             "weights leave the representable range on these data. Scale X or the weights, change "
+                             "the kernel's parameters, or use dtype='float64'.")
+    return result

@@ -25,11 +25,6 @@ def check_dtype(dtype) -> np.dtype:
     return dt
 
 
-def compute_dtype(storage: np.dtype) -> np.dtype:
-    """Arithmetic precision for a storage precision: float16 storage is computed in float32."""
-    return np.dtype(np.float32) if storage == np.float16 else storage
-
-
 def check_int(value, name, minimum=None, maximum=None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}={value!r} must be an integer.")
@@ -199,7 +194,7 @@ def check_callable_symmetric(X, spec, backend: Backend, dtype, n_rows=CALLABLE_S
     of X (in the compute ``dtype``), with :func:`check_symmetric`'s tolerance: a precomputed K and a callable's
     K are held to the same rule, at O(n_rows^2 d) cost and without the n x n matrix (CATS and the tiled engine
     never form it)."""
-    from kkmgpu.kernels import functions as _kernels
+    from kkmgpu.kernels import blocks as _kernels
 
     n = X.shape[0]
     m = min(n, n_rows)

@@ -15,8 +15,9 @@ import warnings
 import numpy as np
 
 from kkmgpu import _validation
+from kkmgpu.kernels import spec as _kernel_spec
 
-from kkmgpu.kernels import functions as _kernels
+from kkmgpu.kernels import blocks as _kernels
 
 from kkmgpu.methods import registry as _methods
 
@@ -287,7 +288,7 @@ def _objective_in_fitted_clusters(result, X, labels, weights) -> float:
     """
     backend = resolve_device(result.device)
     spec = result._spec
-    dt = _validation.compute_dtype(np.dtype(result.dtype))
+    dt = _kernel_spec.compute_dtype(np.dtype(result.dtype))
     k = result.n_clusters
     with backend.activate():
         xp = backend.xp

@@ -21,8 +21,9 @@ from conftest import shape_set
 
 import kkmgpu
 from kkmgpu.backend import device as _backend
+from kkmgpu.bandwidth import matrices as _matrices
 from kkmgpu.bandwidth import offgrid as _offgrid
-from kkmgpu.bandwidth import _canonical
+from kkmgpu.bandwidth.search import _canonical
 
 
 def host(a):
@@ -396,17 +397,17 @@ def test_search_bandwidth_two_circles(device):
 def test_sampled_percentile_start(device, monkeypatch):
     """Above PERCENTILE_EXACT_MAX_PAIRS sigma0 is the 1st percentile of sampled pairs' squared distances,
     computed in chunks: equal to a direct float64 computation on the same draws, and near the exact value."""
-    from kkmgpu import bandwidth
+    from kkmgpu.bandwidth import search
 
     backend = _backend.resolve_device(device)
     rng = np.random.default_rng(31)
     X = rng.normal(size=(400, 6)) * rng.uniform(0.5, 3.0, size=6)
-    monkeypatch.setattr(bandwidth, "PERCENTILE_EXACT_MAX_PAIRS", 1000)
-    monkeypatch.setattr(bandwidth, "PERCENTILE_SAMPLE_PAIRS", 30_000)
-    monkeypatch.setattr(_offgrid, "TILE_BYTES", 16 * 6 * 97)             # chunks of 97 pairs
-    monkeypatch.setattr(_offgrid, "TILE_BYTES_GPU", 16 * 6 * 97)
-    A = _offgrid.centered_features(X, backend)
-    value = bandwidth._percentile_sigma(A, backend, np.random.default_rng(5))
+    monkeypatch.setattr(search, "PERCENTILE_EXACT_MAX_PAIRS", 1000)
+    monkeypatch.setattr(search, "PERCENTILE_SAMPLE_PAIRS", 30_000)
+    monkeypatch.setattr(_matrices, "TILE_BYTES", 16 * 6 * 97)            # chunks of 97 pairs
+    monkeypatch.setattr(_matrices, "TILE_BYTES_GPU", 16 * 6 * 97)
+    A = _matrices.centered_features(X, backend)
+    value = search._percentile_sigma(A, backend, np.random.default_rng(5))
     draws = np.random.default_rng(5)
     i = draws.integers(0, 400, size=30_000)
     j = draws.integers(0, 399, size=30_000)

@@ -7,10 +7,12 @@
 - unknown names are usage errors; undefined metrics are NaN with a note.
 """
 
+import ast
 import csv
 import importlib.util
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import pytest
 import kkmgpu
 from kkmgpu import compare
 from kkmgpu.cli import main
+from kkmgpu.compare import contestants, data, report as report_module, runner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +49,7 @@ def test_cli_writes_every_output_with_scikit_learn_numbers(tmp_path, shared_data
     # the same standardised flame, clustered by scikit-learn itself with the harness's settings
     X, y = kkmgpu.datasets.load_shape_set("flame", shared_data_dir / "shapes")
     X = (X - X.mean(axis=0)) / X.std(axis=0)
-    labels = sk_cluster.KMeans(2, n_init=compare.N_INIT, random_state=0).fit(X).labels_
+    labels = sk_cluster.KMeans(2, n_init=contestants.N_INIT, random_state=0).fit(X).labels_
     row = rows["sklearn-kmeans"]
     assert float(row["nmi"]) == pytest.approx(sk_metrics.normalized_mutual_info_score(y, labels), rel=1e-9)
     assert float(row["ari"]) == pytest.approx(sk_metrics.adjusted_rand_score(y, labels), rel=1e-9)
@@ -54,14 +57,14 @@ def test_cli_writes_every_output_with_scikit_learn_numbers(tmp_path, shared_data
     assert float(row["calinski_harabasz"]) == pytest.approx(sk_metrics.calinski_harabasz_score(X, labels), rel=1e-9)
     assert float(row["davies_bouldin"]) == pytest.approx(sk_metrics.davies_bouldin_score(X, labels), rel=1e-9)
     assert float(row["sum_of_variances"]) == pytest.approx(
-        sk_cluster.KMeans(2, n_init=compare.N_INIT, random_state=0).fit(X).inertia_, rel=1e-6)
+        sk_cluster.KMeans(2, n_init=contestants.N_INIT, random_state=0).fit(X).inertia_, rel=1e-6)
     assert float(row["time_s"]) > 0
     # with every eigenpair, the eigen route reaches the same kernel objective as the exact route here
     assert float(rows["kkmgpu-eigen"]["kernel_objective"]) == pytest.approx(
         float(rows["kkmgpu-exact"]["kernel_objective"]), rel=1e-4)
 
     report = json.loads((tmp_path / "tiny.json").read_text())
-    assert report["schema"] == compare.SCHEMA
+    assert report["schema"] == runner.SCHEMA
     assert len(report["load_average_start"]) == 3 and report["environment"]["device"] == "cpu"
     assert report["environment"]["numpy"] == np.__version__
     text = (tmp_path / "tiny.md").read_text()
@@ -69,15 +72,15 @@ def test_cli_writes_every_output_with_scikit_learn_numbers(tmp_path, shared_data
 
 
 def test_scenarios_rows_and_summary(tmp_path, monkeypatch):
-    monkeypatch.setattr(compare, "QUICK_SCENARIO_N", {"sizes": (40, 80), "d": 3, "k": 2})
-    monkeypatch.setattr(compare, "QUICK_SCENARIO_D", {"dims": (2, 6, 12), "n": 60, "k": 3})
+    monkeypatch.setattr(runner, "QUICK_SCENARIO_N", {"sizes": (40, 80), "d": 3, "k": 2})
+    monkeypatch.setattr(runner, "QUICK_SCENARIO_D", {"dims": (2, 6, 12), "n": 60, "k": 3})
     report = compare.run_comparison(dataset_names=[], method_names=["kkmgpu-exact", "sklearn-kmeans"], quick=True,
                                     seeds=2, device="cpu", verbose=False)
     rows = report["rows"]
     assert len(rows) == (2 + 3) * 2 * 2
     assert {(r["n"], r["d"]) for r in rows if r["section"] == "growing_n"} == {(40, 3), (80, 3)}
     assert {(r["n"], r["d"]) for r in rows if r["section"] == "growing_d"} == {(60, 2), (60, 6), (60, 12)}
-    summary = compare.scenario_summary(rows, "growing_d")
+    summary = report_module.scenario_summary(rows, "growing_d")
     runs = [r["silhouette"] for r in rows if r["section"] == "growing_d" and r["d"] == 6
             and r["method"] == "sklearn-kmeans"]
     mean, std = summary[(6, "sklearn-kmeans")]["silhouette"]
@@ -93,7 +96,7 @@ def test_make_blobs():
     X2, y2 = compare.make_blobs(103, 4, 5, seed=1)
     np.testing.assert_array_equal(X, X2)
     centres = np.array([X[y == c].mean(axis=0) for c in range(5)])
-    assert np.all(np.abs(centres) < 10 + 3 * compare.BLOB_STD)
+    assert np.all(np.abs(centres) < 10 + 3 * data.BLOB_STD)
 
 
 @pytest.mark.parametrize("args, match", [
@@ -119,13 +122,13 @@ def test_scenario_plot_ticks_are_the_measured_points(monkeypatch):
     pytest.importorskip("matplotlib", reason="the plots need matplotlib")
     from matplotlib.figure import Figure
 
-    monkeypatch.setattr(compare, "QUICK_SCENARIO_N", {"sizes": (40, 80), "d": 3, "k": 2})
-    monkeypatch.setattr(compare, "QUICK_SCENARIO_D", {"dims": (2, 6, 12), "n": 60, "k": 3})
+    monkeypatch.setattr(runner, "QUICK_SCENARIO_N", {"sizes": (40, 80), "d": 3, "k": 2})
+    monkeypatch.setattr(runner, "QUICK_SCENARIO_D", {"dims": (2, 6, 12), "n": 60, "k": 3})
     report = compare.run_comparison(dataset_names=[], method_names=["sklearn-kmeans"], quick=True, device="cpu",
                                     verbose=False)
     saved = []
     monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: saved.append((Path(path).name, self)))
-    compare._plots(report, Path("."), "p")
+    report_module._plots(report, Path("."), "p")
     figures = dict(saved)
     for name, expected in (("p-scenario-n.png", [40, 80]), ("p-scenario-d.png", [2, 6, 12])):
         for ax in figures[name].axes:
@@ -144,7 +147,7 @@ def test_missing_package_and_missing_feature_are_skipped(monkeypatch):
     skipped = "\n".join(report["skipped"])
     assert "method tslearn-kernelkmeans: tslearn is not installed" in skipped
     assert "method kkmgpu-search: not available" in skipped
-    assert "Skipped:" in compare.markdown(report)
+    assert "Skipped:" in report_module.markdown(report)
 
 
 def test_unavailable_data_set_is_skipped(tmp_path):
@@ -181,3 +184,64 @@ def test_bench_script_uses_the_same_code(tmp_path):
                         "--out", str(tmp_path), "--prefix", "b", "--quiet", "--device", "cpu"]) == 0
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["environment"]["host"]["cpu_count"] >= 1
+
+
+def _compare_imports(path):
+    """(line, statement, inside a function) for every import of kkmgpu.compare in one module: ``import
+    kkmgpu.compare...``, ``from kkmgpu.compare... import``, ``from kkmgpu import compare`` (relative forms
+    resolved) and ``importlib.import_module("kkmgpu.compare...")``."""
+    package = ".".join(path.relative_to(REPO_ROOT).parts[:-1])  # what a relative import is relative to
+
+    def is_compare(name):
+        return name == "kkmgpu.compare" or name.startswith("kkmgpu.compare.")
+
+    found = []
+
+    def visit(node, in_function):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            names = [source] + [f"{source}.{alias.name}" for alias in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            names = [node.args[0].value]
+        if any(is_compare(name) for name in names):
+            found.append((node.lineno, ast.unparse(node), in_function))
+        inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    return found
+
+
+def test_only_the_cli_imports_the_comparison_and_only_lazily():
+    """The comparison harness is out of the library's core: no module of kkmgpu outside kkmgpu/compare/ imports
+    it, except the command line (kkmgpu/cli/commands.py), and that one only inside the function that builds the
+    ``compare`` command."""
+    package_dir = REPO_ROOT / "kkmgpu"
+    cli = package_dir / "cli" / "commands.py"
+    offenders, lazy_in_cli = [], []
+    for path in sorted(package_dir.rglob("*.py")):
+        if (package_dir / "compare") in path.parents:
+            continue
+        for line, statement, in_function in _compare_imports(path):
+            if path == cli and in_function:
+                lazy_in_cli.append(statement)
+            else:
+                offenders.append(f"{path.relative_to(REPO_ROOT)}:{line} {statement}")
+    assert offenders == [], "kkmgpu.compare imported outside the CLI's compare command:\n" + "\n".join(offenders)
+    assert lazy_in_cli, "the parse no longer sees the CLI's lazy import of kkmgpu.compare"
+
+
+def test_import_kkmgpu_does_not_load_the_comparison():
+    code = "import kkmgpu, sys; print([m for m in sys.modules if m.startswith('kkmgpu.compare')])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    assert out.stdout.strip() == "[]"

@@ -24,9 +24,10 @@ from reference import kernel_kmeans_objective, kernel_matrix
 
 import kkmgpu
 from kkmgpu.backend import device as _backend
-from kkmgpu.kernels import functions as _kernels
+from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.bandwidth import offgrid as _offgrid
-from kkmgpu.engine.lloyd import DenseKernelOperator, kmeans_plus_plus, random_partition, refill_empty_clusters
+from kkmgpu.engine.dense import DenseKernelOperator
+from kkmgpu.engine.lloyd import kmeans_plus_plus, random_partition, refill_empty_clusters
 from kkmgpu.engine.tiled import TiledKernelOperator
 
 
@@ -294,7 +295,7 @@ def test_float16_storage_of_negative_kernels(device, kernel, params):
     u = params["gamma"] * (X @ X.T) + params["coef0"]
     u_error = 8 * np.finfo(np.float32).eps * (params["gamma"] * np.outer(norms, norms) + abs(params["coef0"]))
     slope = 1.0 if kernel == "sigmoid" else params["degree"] * (np.abs(u) + u_error) ** (params["degree"] - 1)
-    # float16 storage holds K / 2^e with its largest value at most 1 (kkmgpu.kernels.functions' value_scale: GPU products
+    # float16 storage holds K / 2^e with its largest value at most 1 (kkmgpu.kernels.spec's value_scale: GPU products
     # of float16 blocks return float16 sums), and values below float16's smallest normal number (2^-14) are not
     # kept to full subnormal precision there: the absolute floor is 2^-14 * 2^e in K's units, at most 2^-13 of
     # max |K| (below float16's 2^-11 relative rounding of the largest values)
@@ -449,7 +450,7 @@ def test_tiled_distance_kernel_at_most_one_for_float32_duplicates(device, kernel
     X = np.vstack([base[rng.integers(0, 8, 60)], rng.normal(size=(20, 5)) + 3.0]).astype(np.float32)
     n = len(X)
     backend = _backend.resolve_device(device)
-    spec = _kernels.resolve_kernel(kernel, gamma=1.0, X=X)  # not centred: the rounding is largest off-centre
+    spec = _kernel_spec.resolve_kernel(kernel, gamma=1.0, X=X)  # not centred: the rounding is largest off-centre
     A = backend.asarray(X)
     op = TiledKernelOperator(A, spec, backend.asarray(np.ones(n)), backend, tile_rows=7)
     ref = kernel_matrix(X.astype(np.float64), kernel=kernel, gamma=1.0)

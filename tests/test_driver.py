@@ -13,7 +13,8 @@ import kkmgpu
 from kkmgpu import _progress
 from kkmgpu.engine import lloyd as _lloyd
 from kkmgpu.backend.device import Backend
-from kkmgpu.engine.lloyd import DenseKernelOperator, lloyd, run_restarts
+from kkmgpu.engine.dense import DenseKernelOperator
+from kkmgpu.engine.lloyd import lloyd, run_restarts
 
 
 def _problem(seed=0, n=240, k=4, d=3):

@@ -22,6 +22,7 @@ import kkmgpu
 from kkmgpu.backend import device as _backend
 from kkmgpu.engine import embedding as _eigen
 from kkmgpu.engine.lloyd import run_restarts
+from kkmgpu.methods import eigen as _eigen_method
 from kkmgpu.metrics import nmi
 
 
@@ -206,10 +207,10 @@ def test_lloyd_on_the_embedding_allocates_no_n_by_n_array():
 
 
 def test_default_components_for_large_n():
-    assert _eigen.resolve_components(None, 1000, 10) == 1000
-    assert _eigen.resolve_components(None, _eigen.FULL_DECOMPOSITION_MAX_N + 1, 10) == _eigen.DEFAULT_COMPONENTS
-    assert _eigen.resolve_components(None, 10_000, 40) == 320
-    assert _eigen.resolve_components(17, 10_000, 40) == 17
+    assert _eigen_method.resolve_components(None, 1000, 10) == 1000
+    assert _eigen_method.resolve_components(None, _eigen.FULL_DECOMPOSITION_MAX_N + 1, 10) == _eigen.DEFAULT_COMPONENTS
+    assert _eigen_method.resolve_components(None, 10_000, 40) == 320
+    assert _eigen_method.resolve_components(17, 10_000, 40) == 17
 
 
 def test_estimator_and_verbose(capsys):

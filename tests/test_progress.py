@@ -77,13 +77,14 @@ def test_progress_must_be_a_bool(value):
 @pytest.mark.parametrize("tqdm_installed", [True, False])
 def test_compare_shows_a_bar_over_its_runs(monkeypatch, capsys, tqdm_installed):
     from kkmgpu import compare
+    from kkmgpu.compare import runner
 
     if tqdm_installed:
         pytest.importorskip("tqdm", reason="tqdm is an optional dependency (pip install kkmgpu[progress])")
     else:
         _without_tqdm(monkeypatch)
-    monkeypatch.setattr(compare, "QUICK_SCENARIO_N", {"sizes": (40,), "d": 3, "k": 2})
-    monkeypatch.setattr(compare, "QUICK_SCENARIO_D", {"dims": (2,), "n": 40, "k": 2})
+    monkeypatch.setattr(runner, "QUICK_SCENARIO_N", {"sizes": (40,), "d": 3, "k": 2})
+    monkeypatch.setattr(runner, "QUICK_SCENARIO_D", {"dims": (2,), "n": 40, "k": 2})
     report = compare.run_comparison(dataset_names=[], method_names=["kkmgpu-exact"], quick=True, seeds=1,
                                     device="cpu", verbose=False, progress=True)
     assert len(report["rows"]) == 2

@@ -12,8 +12,10 @@ import pytest
 import kkmgpu
 import reference
 from conftest import cuda_skip_reason
-from kkmgpu.kernels import functions as _kernels
+from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.engine import lloyd as _lloyd
+from kkmgpu.engine.dense import DenseKernelOperator
 from kkmgpu.engine import tiled as _tiled
 from kkmgpu.backend.device import Backend, InsufficientMemoryError
 
@@ -49,10 +51,10 @@ def _reference_K(X, name):
 
 def _spec(X, name, xp=np):
     kernel = _callable_kernel if name == "callable" else name
-    spec = _kernels.resolve_kernel(kernel, X=X, xp=xp, **PARAMS[name])
+    spec = _kernel_spec.resolve_kernel(kernel, X=X, xp=xp, **PARAMS[name])
     # the linear kernel's values change with the centre (fit centres it; its clustering does not change):
     # here the operators are held to the reference K of the uncentred X
-    return _kernels.with_center(spec, X, xp, center_linear=False)
+    return _kernel_spec.with_center(spec, X, xp, center_linear=False)
 
 
 def _blobs(rng, n, d=5, k=3):
@@ -71,7 +73,7 @@ def _operators(X, name, dtype, backend, w, tile_rows):
     A = _kernels.prepare_features(X, spec, backend, dtype)
     weights = backend.asarray(w)
     K = _kernels.build_kernel_matrix(A, A, spec, backend)
-    dense = _lloyd.DenseKernelOperator(K, weights, backend)
+    dense = DenseKernelOperator(K, weights, backend)
     tiled = _tiled.TiledKernelOperator(A, spec, weights, backend, tile_rows=tile_rows)
     return dense, tiled
 

@@ -11,9 +11,10 @@ import pytest
 
 from conftest import cuda_skip_reason
 import kkmgpu
-from kkmgpu.kernels import functions as _kernels
+from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.backend.device import Backend
-from kkmgpu.engine.lloyd import DenseKernelOperator
+from kkmgpu.engine.dense import DenseKernelOperator
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [(1, 1), (7, 13), (130, 67), (1025, 33)]
@@ -217,8 +218,8 @@ def test_build_in_tiles_equals_one_block():
     rng = np.random.default_rng(11)
     X = rng.normal(size=(53, 6))
     be = Backend("cpu")
-    spec = _kernels.resolve_kernel("rbf", X=X)
-    spec = _kernels.with_center(spec, X, np)
+    spec = _kernel_spec.resolve_kernel("rbf", X=X)
+    spec = _kernel_spec.with_center(spec, X, np)
     A = _kernels.prepare_features(X, spec, be, np.float64)
     whole = _kernels.build_kernel_matrix(A, A, spec, be)  # symmetric path: one X X^T product
     tiled = _kernels.build_kernel_matrix(A, A, spec, be, tile=4)  # general path: row tiles
@@ -234,7 +235,7 @@ def test_large_symmetric_cpu_build_uses_row_tiles(monkeypatch):
     rng = np.random.default_rng(12)
     X = rng.normal(size=(77, 5))
     be = Backend("cpu")
-    spec = _kernels.with_center(_kernels.resolve_kernel("laplacian", X=X), X, np)
+    spec = _kernel_spec.with_center(_kernel_spec.resolve_kernel("laplacian", X=X), X, np)
     A = _kernels.prepare_features(X, spec, be, np.float64)
     calls = []
     real_block = _kernels.kernel_block

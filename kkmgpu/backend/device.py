@@ -350,3 +350,9 @@ def gemm_precision(backend: Backend, tf32: bool):
         yield
     finally:
         linalg.set_compute_type(np.float32, previous)
+
+
+def argsort_stable(xp, a):
+    """Indices that sort ``a``, equal keys in their original order (CuPy's argsort is always stable; NumPy's
+    needs ``kind="stable"``)."""
+    return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)

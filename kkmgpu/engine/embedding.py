@@ -22,15 +22,12 @@ back the training rows of A for training points.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 
 import numpy as np
 
-from kkmgpu.kernels import functions as _kernels
 from kkmgpu.backend.device import Backend, check_fits, import_cupyx
-from kkmgpu.engine.lloyd import DenseKernelOperator, _update, run_restarts
 
 #: ``n_components=None`` decomposes K fully up to this many points ...
 FULL_DECOMPOSITION_MAX_N = 4096
@@ -41,13 +38,6 @@ DEFAULT_COMPONENTS = 128
 MATERIAL_NEGATIVE_FRACTION = 1e-3
 #: A requested top-r above this fraction of n is computed by the full decomposition and truncated.
 PARTIAL_MAX_FRACTION = 0.5
-
-
-def resolve_components(n_components, n, k) -> int:
-    """The number of eigenpairs to compute (n_components validated at the API boundary)."""
-    if n_components is None:
-        return n if n <= FULL_DECOMPOSITION_MAX_N else min(n - 1, max(DEFAULT_COMPONENTS, 8 * k))
-    return int(n_components)
 
 
 def _top_eigenpairs(K, r, backend: Backend, rng, verbose):
@@ -221,80 +211,3 @@ class EmbeddingOperator:
         return float("inf")
 
 
-class EigenState:
-    """What :func:`predict` needs: the Nystrom projection and the cluster sums in its basis."""
-
-    def __init__(self, projection, centroid_sums, within, sizes):
-        self.projection = projection          # device (n_train, q): V_q Lambda_q^(-1/2)
-        self.centroid_sums = centroid_sums    # device float64 (k, q)
-        self.within = within                  # host float64 (k,): ||M_c||^2 in the same basis
-        self.sizes = sizes                    # host float64 (k,)
-
-
-def _prediction_state(V, eigenvalues, operator, labels, sizes, k, dtype):
-    """Nystrom projection keeping eigenvalues above n * eps(dtype) * lambda_max (smaller ones are noise)."""
-    backend = operator.backend
-    xp = backend.xp
-    n = V.shape[0]
-    cutoff = n * np.finfo(dtype).eps * eigenvalues[0]
-    keep = np.flatnonzero(eigenvalues > cutoff)
-    index = backend.asarray(keep)
-    P = V[:, index] * backend.asarray(1.0 / np.sqrt(eigenvalues[keep]), dtype=V.dtype)[None, :]
-    M = operator.centroid_sums(labels, k)[:, index].astype(xp.float64)
-    within = backend.to_host((M * M).sum(axis=1))
-    return EigenState(xp.ascontiguousarray(P), M, within, np.asarray(sizes, dtype=np.float64)), int(keep.size)
-
-
-def _single_threaded_blas(backend: Backend):
-    """On the CPU, BLAS on one thread while Lloyd alternates the thin n x r x k products with numba's
-    assignment kernel: multithreaded OpenBLAS competing with numba's OpenMP threads for the cores made an
-    iteration 5-17x slower on the 2-core reference machine (n=5000, r=128, k=10: 321 ms vs 19 ms per
-    iteration under load; n=500: 10 restarts in 0.83 s vs 0.04 s when idle). Uses threadpoolctl where it
-    is installed (it comes with scikit-learn), else changes nothing."""
-    if backend.is_gpu:
-        return contextlib.nullcontext()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(1, user_api="blas")
-
-
-def fit_eigen(K, k, *, r, weights, init, n_init, max_iter, tol, rng, verbose, backend: Backend):
-    """Algorithm 16 on a kernel matrix K already on the device.
-
-    Returns (best LloydRun, runs, init_seconds, diagnostics, EigenState, exact objective of the labels
-    on K, seconds of the decomposition).
-    """
-    t0 = backend.timer()
-    A, eigenvalues, V, diagnostics = embed(K, r, backend, rng, verbose=verbose)
-    t_decomposed = backend.timer()
-    operator = EmbeddingOperator(A, weights, backend)
-    with _single_threaded_blas(backend):
-        best, runs, init_seconds = run_restarts(operator, k, init=init, n_init=n_init, max_iter=max_iter, tol=tol,
-                                                rng=rng, verbose=verbose, update="full")
-    # The objective of the labels on K itself (one pass over K): equal to best.objective when every
-    # component is kept and no eigenvalue was clipped, an upper bound's complement otherwise.
-    _, _, _, exact = _update(DenseKernelOperator(K, weights, backend), best.labels, k, backend.xp)
-    state, q = _prediction_state(V, eigenvalues, operator, best.labels, best.sizes, k, np.dtype(A.dtype))
-    diagnostics["n_components_predict"] = q
-    if verbose:
-        print(f"[kkmgpu] eigen: {diagnostics['n_components_used']} components "
-              f"({100 * diagnostics['captured_fraction']:.4g}% of trace K), objective on K {exact:.10g}")
-    return best, runs, init_seconds, diagnostics, state, float(exact), t_decomposed - t0
-
-
-def predict_eigen(result, X_new, backend: Backend, dt, batch_size):
-    """Nearest cluster of each new point in the embedding: a(x) = Lambda^(-1/2) V^T k(X_train, x)."""
-    xp = backend.xp
-    state = result._eigen_state
-    P = backend.asarray(state.projection)
-    M = backend.asarray(state.centroid_sums).astype(P.dtype)
-    step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize, backend=backend)
-    out = []
-    for i0, i1, block in _kernels.training_kernel_rows(result, X_new, backend, dt, step):
-        S = ((block @ P) @ M.T).astype(xp.float64)  # a(x) . M_c
-        labels, _, _ = backend.ops.assign_labels(S, xp.zeros(i1 - i0, dtype=xp.float64), state.sizes,
-                                                 state.within, xp.zeros(i1 - i0, dtype=xp.int32))
-        out.append(backend.to_host(labels))
-    return np.concatenate(out).astype(np.int32)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kkmgpu.kernels import functions as _kernels
+from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.backend.device import MEMORY_HEADROOM, Backend, InsufficientMemoryError, _format_bytes, work_bytes
 from kkmgpu.engine.lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
 

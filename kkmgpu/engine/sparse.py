@@ -128,7 +128,7 @@ def library_update_cluster_sums(K, S, old_labels, new_labels, weights, xp):
 class SparseKernelOperator:
     """Cluster sums from a sparse symmetric kernel matrix in CSR (the Lloyd driver's operator interface).
 
-    Same interface as :class:`kkmgpu.engine.lloyd.DenseKernelOperator`: ``n``, ``weights``, ``backend``, ``diag``,
+    Same interface as :class:`kkmgpu.engine.dense.DenseKernelOperator`: ``n``, ``weights``, ``backend``, ``diag``,
     ``total_diag``, ``rows(index)``, ``cluster_sums(labels, k)``, ``incremental_cost(n_moved)`` and
     ``update_cluster_sums(S, old, new)``. A full pass costs O(nnz) on the CPU (numba) and one cuSPARSE
     product on a GPU (which needs float64 values: a float32 K is copied to float64 once, 1.5x its CSR

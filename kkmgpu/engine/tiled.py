@@ -20,8 +20,8 @@ import warnings
 
 import numpy as np
 
-from kkmgpu.kernels import functions as _kernels
-from kkmgpu.backend.device import Backend, _format_bytes, gemm_precision
+from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.backend.device import Backend, _format_bytes, argsort_stable, gemm_precision
 from kkmgpu import _progress
 from kkmgpu._progress import progress_bar
 
@@ -72,10 +72,6 @@ def choose_engine(engine: str, n: int, dtype, backend: Backend) -> str:
     return "tiled"
 
 
-def _argsort_stable(xp, a):
-    return xp.argsort(a, kind="stable") if xp is np else xp.argsort(a)
-
-
 class TiledKernelOperator:
     """Cluster sums of kernel k-means from prepared features, K recomputed in tiles (never stored).
 
@@ -85,7 +81,7 @@ class TiledKernelOperator:
     Parameters
     ----------
     A : array of shape (n, d)
-        Prepared features (:func:`kkmgpu.kernels.functions.prepare_features`), float32 or float64, on the device.
+        Prepared features (:func:`kkmgpu.kernels.blocks.prepare_features`), float32 or float64, on the device.
     spec : KernelSpec
         Any kernel but "precomputed".
     weights : float64 array of shape (n,) on the device
@@ -182,7 +178,7 @@ class TiledKernelOperator:
     def cluster_sums(self, labels, k):
         """S (rows r0..r1, k) float64 for ``labels`` (device int32 (n,)), one GEMM tile at a time."""
         xp = self._xp
-        order = _argsort_stable(xp, labels)
+        order = argsort_stable(xp, labels)
         cols = self.A[order]  # columns in label order: each row's cluster sums are contiguous runs
         clusters = labels[order].astype(xp.int32)
         coeffs = self.weights[order]

@@ -1,6 +1,7 @@
 """Internal: kernel functions and the custom operations behind the Lloyd iteration.
 
-- ``functions``: kernel names, parameters (``KernelSpec``) and kernel blocks as a GEMM plus an epilogue.
+- ``spec``: kernel names, parameters and their defaults (``KernelSpec``), and the scales that keep values representable;
+- ``blocks``: features prepared on the device, kernel blocks as a GEMM plus one fused epilogue, the kernel matrix.
 - ``epilogue_codes``: the kernel codes shared by the CUDA sources and their twins.
 
 Each CUDA source in ``kernels_cuda/`` has two beside-named modules with the same functions and signatures:

@@ -1,4 +1,4 @@
-"""The kernel codes the fused epilogues switch on, shared by :mod:`kkmgpu.kernels.functions` and the twins that compute
+"""The kernel codes the fused epilogues switch on, shared by :mod:`kkmgpu.kernels.blocks` and the twins that compute
 the kernels (``_cpu_kernels``, ``_tiled_cpu``; the CUDA sources repeat them in kernels_cuda/*.cu): a leaf
 module, so the twins need not import ``_kernels`` (which imports the backend that loads them)."""
 

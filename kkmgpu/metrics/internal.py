@@ -21,7 +21,7 @@ import numpy as np
 
 from kkmgpu import _validation
 
-from kkmgpu.kernels import functions as _kernels
+from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.backend.device import is_cupy_array, resolve_device
 
 __all__ = ["silhouette", "calinski_harabasz", "davies_bouldin", "sum_of_variances"]
