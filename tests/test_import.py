@@ -149,6 +149,30 @@ def test_no_import_circles_inside_the_package():
     assert circles == [], "import circles:\n" + "\n".join(sorted(set(circles)))
 
 
+#: modules allowed past MAX_MODULE_LINES, each with its reason
+LONG_MODULES = {
+    "kkmgpu.engine.sampled": "CATS's one loop (sampling, Eq. 2's coefficients, assignment, stop) reads best whole",
+}
+MAX_MODULE_LINES = 500
+
+
+def test_modules_stay_small():
+    """No module of the package is over about 500 lines without a reason recorded above (issue 15)."""
+    long = {name: len(path.read_text().splitlines()) for name, path in _package_modules().items()}
+    long = {name: lines for name, lines in long.items() if lines > MAX_MODULE_LINES and name not in LONG_MODULES}
+    assert long == {}
+
+
+def test_every_subpackage_is_installed():
+    """pyproject.toml lists every subpackage of kkmgpu: a package missing there is left out of the wheel and
+    fails at import on an installed copy (the editable install would not show it)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(REPO_ROOT).parts) for p in (REPO_ROOT / "kkmgpu").rglob("__init__.py")}
+    assert on_disk <= listed
+
+
 def test_methods_are_registered_with_their_own_parameters():
     """fit, the estimator and the CLI read one registry: every method's own parameters are keywords of fit and of
     KernelKMeans, no parameter has two owners, and the CLI offers exactly the registered methods."""

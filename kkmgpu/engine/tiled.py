@@ -21,6 +21,7 @@ import warnings
 import numpy as np
 
 from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.backend.device import Backend, _format_bytes, argsort_stable, gemm_precision
 from kkmgpu import _progress
 from kkmgpu._progress import progress_bar
@@ -30,7 +31,6 @@ __all__ = ["TiledKernelOperator", "choose_engine", "dense_fits", "tiled_ops"]
 #: Largest tile of inner products (bytes); a tile also takes at most TILE_FRACTION of the free memory.
 TILE_MAX_BYTES = {"cpu": 64 * 2**20, "cuda": 2 * 2**30}
 TILE_FRACTION = 0.25
-_DISTANCE = ("rbf", "laplacian")
 
 
 def tiled_ops(backend: Backend):
@@ -113,7 +113,7 @@ class TiledKernelOperator:
         self.progress = _progress.active() if progress is None else bool(progress)
         self.ops = tiled_ops(backend)
         self.kind = 0 if spec.name == "callable" else _kernels.EPILOGUE_CODES[spec.name]
-        self.sq = (A * A).sum(axis=1) if spec.name in _DISTANCE else None
+        self.sq = (A * A).sum(axis=1) if spec.name in _kernel_spec.DISTANCE_KERNELS else None
         self.diag = _kernels.kernel_diagonal(A[self.r0:self.r1], spec, backend)
         self.total_diag = float((weights[self.r0:self.r1] * self.diag).sum())
         itemsize = np.dtype(A.dtype).itemsize

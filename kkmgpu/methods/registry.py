@@ -12,8 +12,9 @@ Each method declares its name, a one-line summary, the keyword arguments of ``fi
   shared checks).
 
 The estimator (:class:`kkmgpu.KernelKMeans`) reads the same declarations to know which parameters belong to
-which method. A new method is one module with its runner and a :func:`register` call, imported by
-``kkmgpu._api``. This module is a leaf: it imports nothing from kkmgpu.
+which method. A new method is one module in ``kkmgpu/methods/`` with its check, runner and predictor and a
+:func:`register` call at its end, imported by ``kkmgpu._api`` (the import order is the registration order, which
+is the order of ``fit``'s documentation). This module is a leaf: it imports nothing from kkmgpu.
 """
 
 from __future__ import annotations
