@@ -256,6 +256,19 @@ def test_cuda_sources_are_found_and_declare_the_twins():
         assert re.search(rf"__global__ void {name}\(", src), name
 
 
+@pytest.mark.parametrize("name", ["kernel_kmeans.cu", "tiled.cu"])
+def test_cuda_sources_are_found_in_the_source_tree(monkeypatch, name):
+    """Without an installed ``kkmgpu.kernels_cuda`` package (a source checkout, as .ci/nvrtc_check.py runs) the
+    launchers read kernels_cuda/ from the repository: the same text as the file."""
+    from kkmgpu.kernels import kernel_kmeans_cuda
+
+    def not_installed(package):
+        raise ModuleNotFoundError(f"No module named {package!r}")
+
+    monkeypatch.setattr(kernel_kmeans_cuda.resources, "files", not_installed)
+    assert kernel_kmeans_cuda.cuda_source(name) == (ROOT / "kernels_cuda" / name).read_text()
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_every_cu_file_compiles_with_nvcc(tmp_path):
     for cu in sorted((ROOT / "kernels_cuda").glob("*.cu")):

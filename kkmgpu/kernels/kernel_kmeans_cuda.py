@@ -33,7 +33,7 @@ def cuda_source(name: str = _SOURCE_NAME) -> str:
     try:
         return resources.files("kkmgpu.kernels_cuda").joinpath(name).read_text()
     except (ModuleNotFoundError, FileNotFoundError):
-        return (Path(__file__).resolve().parents[1] / "kernels_cuda" / name).read_text()
+        return (Path(__file__).resolve().parents[2] / "kernels_cuda" / name).read_text()  # repo/kkmgpu/kernels/
 
 
 #: NVRTC options of both CUDA modules (``.ci/nvrtc_check.py`` compiles with the same ones)
