@@ -16,7 +16,7 @@ from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.backend.device import memory_situation, resolve_device
 from kkmgpu.engine import sparse as _sparse
 from kkmgpu.methods import registry as _methods
-from kkmgpu.methods import exact, cats, eigen, trimmed  # noqa: F401  (each registers itself, in this order)
+from kkmgpu.methods import exact, cats, eigen, trimmed, approx  # noqa: F401  (each registers itself, in this order)
 from kkmgpu._progress import check_progress, scope as progress_scope
 from kkmgpu._result import KernelKMeansResult, in_user_units
 from kkmgpu.bandwidth import search_bandwidth
@@ -91,7 +91,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         sample_weight=None, random_state=None, verbose=False, keep_on_device=False,
         update="auto", n_samples_per_cluster=None, window=None, theta=None, rcond=None,
         exact_objective=False, n_components=None, engine="auto", tf32=False, trim_vote_fraction=None,
-        trim_slack=None, trim_h=None, trim_max_size=None, progress=False) -> KernelKMeansResult:
+        trim_slack=None, trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform",
+        progress=False) -> KernelKMeansResult:
     """Cluster the rows of X into k clusters with kernel k-means.
 
     Lloyd iterations on the kernel matrix (papers' Eq. 3-4): every point moves to the cluster whose
@@ -123,7 +124,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         Constant of the polynomial and sigmoid kernels (default 1).
     kernel_params : dict, optional
         Keyword arguments of a callable kernel.
-    method : {"exact", "cats", "eigen", "trimmed"}, default="exact"
+    method : {"exact", "cats", "eigen", "trimmed", "approx"}, default="exact"
         "exact" holds the dense n x n kernel matrix on the device. "cats" (Centroid Approximation
         Through Sampling, papers/cats-centroid-approximation.txt) approximates each centroid by the
         best combination of ``n_samples_per_cluster`` sampled members and never forms the n x n
@@ -136,7 +137,10 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         K* = max(K_hat, K_hat^T) in O(nnz) per iteration (the voting counts every point once;
         ``sample_weight`` weights the iterations); ``result.method_params`` records the estimated
         number of clusters, their sizes and the density nnz / n^2. A sparse X with kernel="precomputed"
-        (scipy.sparse or cupyx.scipy.sparse) is clustered as given, in O(nnz) per iteration.
+        (scipy.sparse or cupyx.scipy.sparse) is clustered as given, in O(nnz) per iteration. "approx"
+        (approximate kernel k-means, Chitta et al. 2011) restricts the centres to the span of
+        ``n_landmarks`` sampled points: k-means on their Nystrom features K_B K_BB^(-1/2), O(n m) memory,
+        no n x n matrix; ``result.objective`` is its approximate objective (an upper bound of the exact one).
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
         "auto" takes the GPU when CuPy and a device are usable, else the CPU.
         ``KKMGPU_DEVICE=cpu`` in the environment forces the CPU.
@@ -219,6 +223,13 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         values' derivative, taken with steps 1..``trim_h`` (default 3), for sizes up to ``trim_max_size`` n
         (default 0.5; 1 is the paper as written), and keeps its w_i + ceil(``trim_slack`` n) (default 0.01 n)
         largest values. See :func:`kkmgpu.trim_kernel_matrix`.
+    n_landmarks : int, optional
+        method="approx": the number m of landmarks, k <= m <= the number of samples with a positive weight.
+        Default min(n, max(1000, 20 k)). Memory and the feature build grow as n m; m = n is exact kernel
+        k-means on a positive definite kernel.
+    landmarks : {"uniform"}, default="uniform"
+        method="approx": how the landmarks are drawn: uniformly without replacement among the samples with
+        a positive weight, from ``random_state``.
 
     Returns
     -------
@@ -253,12 +264,14 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
                     keep_on_device=keep_on_device, update=update, n_samples_per_cluster=n_samples_per_cluster,
                     window=window, theta=theta, rcond=rcond, exact_objective=exact_objective,
                     n_components=n_components, engine=engine, tf32=tf32, trim_vote_fraction=trim_vote_fraction,
-                    trim_slack=trim_slack, trim_h=trim_h, trim_max_size=trim_max_size)
+                    trim_slack=trim_slack, trim_h=trim_h, trim_max_size=trim_max_size, n_landmarks=n_landmarks,
+                    landmarks=landmarks)
 
 
 def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, dtype, init, n_init, max_iter, tol,
          sample_weight, random_state, verbose, keep_on_device, update, n_samples_per_cluster, window, theta, rcond,
-         exact_objective, n_components, engine, tf32, trim_vote_fraction, trim_slack, trim_h, trim_max_size):
+         exact_objective, n_components, engine, tf32, trim_vote_fraction, trim_slack, trim_h, trim_max_size,
+         n_landmarks, landmarks):
     """:func:`fit` after the bandwidth-search branch, inside the progress scope."""
     t_start = time.perf_counter()
     dt = _validation.check_dtype(dtype)
@@ -289,7 +302,7 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
         values = dict(engine=engine, tf32=tf32, n_samples_per_cluster=n_samples_per_cluster, window=window,
                       theta=theta, rcond=rcond, exact_objective=exact_objective, n_components=n_components,
                       trim_vote_fraction=trim_vote_fraction, trim_slack=trim_slack, trim_h=trim_h,
-                      trim_max_size=trim_max_size)
+                      trim_max_size=trim_max_size, n_landmarks=n_landmarks, landmarks=landmarks)
         resolved = None
         for entry in _methods.METHODS.values():  # each method checks its own; others' given ones are errors
             own = entry.check(method, ctx, values)

@@ -95,6 +95,7 @@ class KernelKMeansResult:
     _cats_state: object = field(default=None, repr=False)
     _trim_state: object = field(default=None, repr=False)
     _eigen_state: object = field(default=None, repr=False)
+    _approx_state: object = field(default=None, repr=False)
     #: the iterations ran on sample_weight / _weight_scale: cluster_sizes / _weight_scale matches _within
     _weight_scale: float = 1.0
 

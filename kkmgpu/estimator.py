@@ -102,7 +102,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
 
     Parameters that only one method uses (``engine``, ``tf32``: "exact"; ``n_samples_per_cluster``,
     ``window``, ``theta``, ``rcond``, ``exact_objective``: "cats"; ``n_components``: "eigen";
-    ``trim_*``: "trimmed") are ignored by the other methods, with a ``UserWarning`` when set to
+    ``trim_*``: "trimmed"; ``n_landmarks``, ``landmarks``: "approx") are ignored by the other methods, with a ``UserWarning`` when set to
     anything but their default (:func:`kkmgpu.fit` raises instead).
 
     Attributes
@@ -111,7 +111,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
     inertia_ : float
         Kernel k-means objective of ``labels_`` (for method="cats": the exact objective when
         ``exact_objective=True``, else CATS's approximate distortion; for method="eigen": the
-        objective on K itself).
+        objective on K itself; for method="approx": its approximate objective, an upper bound of the exact one).
     n_iter_ : int
     result_ : KernelKMeansResult
         Everything :func:`kkmgpu.fit` returned (timings, objective history, device, ...).
@@ -135,7 +135,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
                  max_iter=300, tol=1e-6, random_state=None, verbose=False, update="auto",
                  n_samples_per_cluster=None, window=None, theta=None, rcond=None, exact_objective=False,
                  n_components=None, engine="auto", tf32=False, trim_vote_fraction=None, trim_slack=None,
-                 trim_h=None, trim_max_size=None, progress=False):
+                 trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform", progress=False):
         self.n_clusters = n_clusters
         self.kernel = kernel
         self.gamma = gamma
@@ -165,6 +165,8 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         self.trim_slack = trim_slack
         self.trim_h = trim_h
         self.trim_max_size = trim_max_size
+        self.n_landmarks = n_landmarks
+        self.landmarks = landmarks
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -23,6 +23,7 @@ __all__ = [
     "default_kernel_params",
     "kernel_kmeans_objective",
     "kernel_matrix",
+    "reference_approx_kernel_kmeans",
     "reference_kernel_kmeans",
 ]
 
@@ -213,3 +214,61 @@ def assign_new_points(K_new_train, K_train, labels, k, sample_weight=None):
         C_c = w[members] @ (K_train[np.ix_(members, members)] @ w[members])
         score[:, c] = -2.0 * S_c / n_c + C_c / n_c**2
     return np.argmin(score, axis=1)
+
+
+def approx_distances(K_B, K_BB, diag, labels, k, sample_weight=None, rcond=None):
+    """Approximate kernel k-means (Chitta et al., KDD 2011): centres in the span of the landmarks B,
+
+    alpha_c = K_BB^+ K_B^T u_c / n_c  (u_c = w on cluster c, 0 elsewhere),
+    dist[i, c] = K_ii - 2 (K_B alpha_c)_i + alpha_c^T K_BB alpha_c, inf where cluster c is empty.
+
+    ``K_B`` is (n, m), ``K_BB`` (m, m), ``diag`` the K_ii; ``rcond`` the pseudo-inverse's cutoff relative to the
+    largest singular value (numpy's ``pinv``).
+    """
+    K_B = np.asarray(K_B, dtype=np.float64)
+    pinv = np.linalg.pinv(np.asarray(K_BB, dtype=np.float64), rcond=1e-15 if rcond is None else rcond,
+                          hermitian=True)
+    w = _weights(K_B.shape[0], sample_weight)
+    dist = np.full((K_B.shape[0], k), np.inf)
+    for c in range(k):
+        u = np.where(labels == c, w, 0.0)
+        n_c = u.sum()
+        if n_c == 0:
+            continue
+        alpha = pinv @ (K_B.T @ u) / n_c
+        dist[:, c] = diag - 2.0 * (K_B @ alpha) + alpha @ K_BB @ alpha
+    return dist
+
+
+def reference_approx_kernel_kmeans(K_B, K_BB, diag, init_labels, k, sample_weight=None, max_iter=300, tol=0.0,
+                                   rcond=None):
+    """Lloyd iterations of approximate kernel k-means (:func:`approx_distances`) from ``init_labels``; the
+    objective is sum_i w_i dist(i, label_i). Same stopping and empty-cluster rules as reference_kernel_kmeans."""
+    n = np.asarray(K_B).shape[0]
+    w = _weights(n, sample_weight)
+    labels = np.asarray(init_labels, dtype=np.int64).copy()
+
+    def objective_of(lab):
+        dist = approx_distances(K_B, K_BB, diag, lab, k, w, rcond)
+        return float(np.sum(w * dist[np.arange(n), lab]))
+
+    objective = objective_of(labels)
+    history, history_labels = [objective], [labels.copy()]
+    converged, n_iter = False, 0
+    for _ in range(max_iter):
+        n_iter += 1
+        dist = approx_distances(K_B, K_BB, diag, labels, k, w, rcond)
+        new = np.argmin(dist, axis=1)
+        new = _refill_empty_clusters(new, dist[np.arange(n), new], k)
+        if np.count_nonzero(new != labels) == 0:
+            converged = True
+            break
+        labels = new
+        previous, objective = objective, objective_of(labels)
+        history.append(objective)
+        history_labels.append(labels.copy())
+        if abs(previous - objective) <= tol * abs(previous):
+            converged = True
+            break
+    return ReferenceResult(labels=labels, objective=objective, objective_history=np.asarray(history),
+                           n_iter=n_iter, converged=converged, history_labels=history_labels)

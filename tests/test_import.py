@@ -183,7 +183,7 @@ def test_methods_are_registered_with_their_own_parameters():
     from kkmgpu.methods import registry as _methods
     from kkmgpu.estimator import METHOD_PARAMS
 
-    assert list(_methods.METHODS) == ["exact", "cats", "eigen", "trimmed"]
+    assert list(_methods.METHODS) == ["exact", "cats", "eigen", "trimmed", "approx"]
     assert METHOD_PARAMS == _methods.method_params()
     fit_keywords = set(inspect.signature(kkmgpu.fit).parameters)
     estimator_keywords = set(inspect.signature(kkmgpu.KernelKMeans).parameters)

@@ -233,8 +233,12 @@ def memory_advice(*, dtype=None, method=None, engine=None, precomputed=False) ->
                        "full decomposition)")
     if method in ("exact", "eigen", "trimmed") and not precomputed:
         options.append("method='cats' (sampled centroids, no n x n matrix: O(n k l) memory)")
+    if method in ("exact", "eigen", "trimmed") and not precomputed:
+        options.append("method='approx' (centres in the span of m landmarks: O(n m) memory)")
     if method == "cats":
         options.append("a smaller n_samples_per_cluster")
+    if method == "approx":
+        options.append("a smaller n_landmarks (memory grows as n m)")
     options.append("fewer points, or a device with more free memory")
     return "To need less: " + "; ".join(options) + "."
 

@@ -117,6 +117,8 @@ def _build_parser():
                      help="; ".join(f"{m.name}: {m.summary}" for m in _methods.METHODS.values()))
     fit.add_argument("--n-components", type=int, default=None, metavar="R",
                      help="eigen: the top R eigenpairs of K (default: all up to n=4096, else max(128, 8 K))")
+    fit.add_argument("--n-landmarks", type=int, default=None, metavar="M",
+                     help="approx: landmarks the centres are restricted to (default: min(n, max(1000, 20 K)))")
     fit.add_argument("--samples-per-cluster", type=int, default=None, metavar="L",
                      help="cats: points sampled per cluster and iteration (default: ceil(sqrt(n / k)))")
     fit.add_argument("--labels-last-column", action="store_true",
@@ -200,6 +202,7 @@ def _run_fit(args):
         random_state=args.seed, verbose=args.verbose, method=args.method,
         progress=sys.stderr.isatty() if args.progress is None else args.progress,
         n_samples_per_cluster=args.samples_per_cluster, n_components=args.n_components,
+        n_landmarks=args.n_landmarks,
         exact_objective=args.method == "cats" and X.shape[0] <= 50_000,
     )
     labels = np.asarray(result.labels)
@@ -214,8 +217,11 @@ def _run_fit(args):
         ("dtype", result.dtype),
         ("method", result.method + (f" (l={result.method_params['l']}, stopped: {result.stop_reason})"
                                     if result.method == "cats" else "")),
-        ("objective", format_number(result.objective) + (" (approximate distortion)" if result.method == "cats"
-                                                            else "")),
+        ("objective", format_number(result.objective) + {"cats": " (approximate distortion)",
+                                                         "approx": " (approximate objective)"}.get(result.method, "")),
+        *([("landmarks", f"{result.method_params['n_landmarks']} ({result.method_params['landmarks']}), Nystrom "
+                         f"features of rank {result.method_params['n_components_used']}, "
+                         f"{result.method_params['memory_reduction']:.4f} of K")] if result.method == "approx" else []),
         *([("trimming", f"{result.method_params['n_clusters_estimated']} clusters estimated, kept "
                         f"{result.method_params['density']:.4f} of K ({result.method_params['nnz']} entries), "
                         f"{result.timings['trimming']:.3f} s")] if result.method == "trimmed" else []),

@@ -1,0 +1,203 @@
+"""method="approx": approximate kernel k-means (Chitta, Jin, Havens and Jain, KDD 2011; reference [6] and Table 2
+of papers/kernel-matrix-trimming.txt).
+
+Centres are restricted to the span of m sampled points B, the landmarks: c = sum_j alpha_j phi(b_j), with
+
+    alpha_c = K_BB^+ K_B^T u_c / n_c                         (u_c: the weights w_j of cluster c, 0 elsewhere)
+    dist(i, c) = K_ii - 2 (K_B alpha_c)_i + alpha_c^T K_BB alpha_c
+
+where K_B = K(X, B) is n x m and K_BB = K(B, B). With the Nystrom features A = K_B K_BB^(-1/2) (pseudo-inverse
+square root) this is k-means on the rows of A: (K_B alpha_c)_i = a_i . mu_c and alpha_c^T K_BB alpha_c = ||mu_c||^2,
+mu_c the weighted mean of A over c, because K_BB^+ K_BB K_BB^+ = K_BB^+. Only the per-point constant
+K_ii - ||a_i||^2 differs, which changes no assignment. So the method builds A (n x r, r <= m, one row tile of K_B
+at a time: K_B is never held whole) and runs the one Lloyd driver on
+:class:`kkmgpu.engine.embedding.EmbeddingOperator`, as method="eigen" does on its eigen-embedding;
+``tests/test_approx.py`` checks the labels against the formulas above in float64.
+
+The pseudo-inverse drops the eigenvalues of K_BB at or below m * eps * the largest (eps of the compute precision),
+and every negative one (the sigmoid kernel is not positive semi-definite), as the eigen method's prediction does.
+The reported objective is the approximate one, sum_i w_i dist(i, label_i) with the formula above: an upper bound of
+the exact kernel k-means objective of the same labels (the centres are restricted). Memory: A in float64 (8 n r
+bytes), one tile of K_B and K_BB (m x m); never an n x n matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kkmgpu import _validation
+from kkmgpu._result import KernelKMeansResult
+from kkmgpu.backend.device import check_fits
+from kkmgpu.engine.embedding import EmbeddingOperator
+from kkmgpu.engine.lloyd import run_restarts
+from kkmgpu.engine.sampled import KernelSource
+from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.kernels import spec as _kernel_spec
+from kkmgpu.methods import registry
+
+#: default number of landmarks: min(n, max(DEFAULT_LANDMARKS, LANDMARKS_PER_CLUSTER * k))
+DEFAULT_LANDMARKS = 1000
+LANDMARKS_PER_CLUSTER = 20
+LANDMARK_STRATEGIES = ("uniform",)
+
+
+def default_landmarks(n: int, k: int) -> int:
+    return min(n, max(DEFAULT_LANDMARKS, LANDMARKS_PER_CLUSTER * k))
+
+
+@dataclass(frozen=True)
+class ApproxState:
+    """What predict needs: the landmarks, the map to the Nystrom features and the centroid sums there."""
+
+    index: np.ndarray        # host int64 (m,): the landmarks' rows in the training data
+    projection: object       # device (m, r): K_BB^(-1/2), so that a(x) = k(x, B) @ projection
+    centroid_sums: object    # device float64 (k, r): M[c] = sum_{j in c} w_j a_j
+    within: np.ndarray       # host float64 (k,): ||M_c||^2
+    sizes: np.ndarray        # host float64 (k,)
+
+
+def check(method, ctx, values):
+    """``n_landmarks`` (None or an integer in [k, number of points with positive weight]) and ``landmarks``."""
+    m, strategy = values["n_landmarks"], values["landmarks"]
+    if method != "approx":
+        if m is not None:
+            raise ValueError(f"n_landmarks={m!r} only applies to method='approx' (method={method!r}).")
+        if strategy != "uniform":
+            raise ValueError(f"landmarks={strategy!r} only applies to method='approx' (method={method!r}).")
+        return None
+    if strategy not in LANDMARK_STRATEGIES:
+        raise ValueError(f"landmarks={strategy!r} is not one of {', '.join(map(repr, LANDMARK_STRATEGIES))}.")
+    eligible = int((np.asarray(ctx.weights_h) > 0).sum())
+    if m is None:
+        m = min(eligible, default_landmarks(ctx.n, ctx.k))
+    else:
+        m = _validation.check_int(m, "n_landmarks", minimum=1)
+    if not ctx.k <= m <= eligible:
+        raise ValueError(f"n_landmarks={m} must be between k={ctx.k} and the number of samples with a positive "
+                         f"sample_weight ({eligible}): the landmarks are distinct samples, and the k centres lie in "
+                         "their span.")
+    return {"n_landmarks": m, "landmarks": strategy}
+
+
+def choose_landmarks(strategy, m, weights_h, rng) -> np.ndarray:
+    """The landmarks' indices, sorted: m distinct points with a positive weight, drawn uniformly."""
+    eligible = np.flatnonzero(np.asarray(weights_h) > 0)
+    return np.sort(rng.choice(eligible, size=m, replace=False)).astype(np.int64)
+
+
+def nystrom_features(source: KernelSource, index, backend, verbose=False):
+    """(A, projection, diagnostics): A = K_B K_BB^(-1/2) (n, r) in float64, built one row tile of K_B at a time,
+    and the projection K_BB^(-1/2) (m, r) in the compute precision."""
+    xp = backend.xp
+    n, m = source.n, len(index)
+    samples = source.take(backend.asarray(index))
+    K_BB = source.square(samples).astype(xp.float64)
+    K_BB = 0.5 * (K_BB + K_BB.T)
+    eigenvalues, U = xp.linalg.eigh(K_BB)
+    eigenvalues = backend.to_host(eigenvalues)
+    compute = np.dtype(source.A.dtype)
+    largest = float(eigenvalues[-1]) if eigenvalues.size else 0.0
+    cutoff = m * float(np.finfo(compute).eps) * max(largest, 0.0)
+    keep = np.flatnonzero(eigenvalues > cutoff)
+    if keep.size == 0:
+        raise ValueError(f"the kernel matrix of the {m} landmarks has no eigenvalue above {cutoff:.3g} (largest "
+                         f"{largest:.3g}): the kernel is numerically zero or negative definite on these points.")
+    projection = U[:, backend.asarray(keep)] * backend.asarray(1.0 / np.sqrt(eigenvalues[keep]))[None, :]
+    projection = xp.ascontiguousarray(projection.astype(compute))
+    r = int(keep.size)
+    check_fits(n * r * 8, backend, f"the {n} x {r} float64 Nystrom features of method='approx' (n_landmarks={m})")
+    A = xp.empty((n, r), dtype=xp.float64)
+    step = _kernels.tile_rows(m + r, max(np.dtype(compute).itemsize, 8), backend=backend)
+    for i0 in range(0, n, step):
+        i1 = min(n, i0 + step)
+        A[i0:i1] = source.block(i0, i1, samples).astype(compute, copy=False) @ projection
+    diagnostics = {"n_landmarks": m, "n_components_used": r, "memory_reduction": m / n,
+                   "negative_eigenvalues": int((eigenvalues < 0).sum()),
+                   "dropped_eigenvalues": int(m - r)}
+    if verbose:
+        print(f"[kkmgpu] approx: {m} landmarks, Nystrom features of rank {r} "
+              f"({m - r} eigenvalues of K_BB dropped, {diagnostics['negative_eigenvalues']} negative)")
+    return A, projection, diagnostics
+
+
+def run(ctx, params):
+    """fit(method="approx"): landmarks, the Nystrom features, then the Lloyd driver on their embedding."""
+    X, k, n, spec, backend, dt = ctx.X, ctx.k, ctx.n, ctx.spec, ctx.backend, ctx.dt
+    xp = backend.xp
+    ct = _kernel_spec.compute_dtype(dt)
+    if ctx.precomputed:
+        if X.dtype != ct:
+            check_fits(X.size * ct.itemsize, backend, f"the {n} x {n} {ct.name} copy of K")
+        source_array, features = backend.asarray(X, dtype=ct), None
+    else:
+        source_array = features = _kernels.prepare_features(X, spec, backend, ct)
+    source = KernelSource(source_array, spec, backend)
+    index = choose_landmarks(params["landmarks"], params["n_landmarks"], ctx.weights_h, ctx.rng)
+    A, projection, diagnostics = nystrom_features(source, index, backend, verbose=ctx.verbose)
+    weights = backend.asarray(ctx.weights_h)
+    diag = source.diagonal()
+    t_kernel = backend.timer()
+    operator = EmbeddingOperator(A, weights, backend)
+    # the approximate objective of Chitta et al. is the embedding's plus sum_i w_i (K_ii - ||a_i||^2)
+    offset = float((weights * (diag - operator.diag)).sum())
+    best, runs, init_seconds = run_restarts(operator, k, init=ctx.init, n_init=ctx.n_init, max_iter=ctx.max_iter,
+                                            tol=ctx.tol, rng=ctx.rng, verbose=ctx.verbose, update="full")
+    M = operator.centroid_sums(best.labels, k)
+    state = ApproxState(index=index, projection=projection, centroid_sums=M,
+                        within=backend.to_host((M * M).sum(axis=1)), sizes=np.asarray(best.sizes, dtype=np.float64))
+    del A, operator
+    t_end = backend.timer()
+    timings = {
+        "validation": ctx.t_valid - ctx.t_start,
+        "kernel_build": t_kernel - ctx.t_valid,  # landmarks, K_BB's eigendecomposition and the Nystrom features
+        "init": init_seconds,
+        "iterations": float(sum(r.seconds for r in runs)),
+        "total": t_end - ctx.t_start,
+    }
+    method_params = dict(params, **diagnostics)
+    return KernelKMeansResult(
+        labels=best.labels if ctx.keep_on_device else backend.to_host(best.labels).astype(np.int32),
+        objective=float(best.objective) + offset,
+        objective_history=np.asarray(best.history, dtype=np.float64) + offset, n_iter=int(best.n_iter),
+        converged=bool(best.converged), n_clusters=k, method="approx", kernel=spec.name,
+        kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
+        cluster_sizes=best.sizes.copy(), n_init=ctx.n_init,
+        objectives=np.array([r.objective + offset for r in runs], dtype=np.float64), sample_weight=ctx.weights_h,
+        exact_objective=None, stop_reason=best.stop_reason, method_params=method_params,
+        _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
+        _within=best.within.copy(), _n_train=n, _approx_state=state)
+
+
+def predict(result, X_new, backend, dt, batch_size):
+    """Nearest approximate centre: a(x) = k(x, B) K_BB^(-1/2), then argmin_c -2 a(x) . M_c / n_c + ||M_c||^2 / n_c^2."""
+    xp = backend.xp
+    state = result._approx_state
+    spec = result._spec
+    index = backend.asarray(state.index)
+    P = backend.asarray(state.projection)
+    M = backend.asarray(state.centroid_sums)
+    m = X_new.shape[0]
+    step = batch_size or _kernels.tile_rows(len(state.index), max(dt.itemsize, 8), backend=backend)
+    if spec.name == "precomputed":
+        A_new, samples = None, None
+    else:
+        A_new = _kernels.prepare_features(X_new, spec, backend, dt)
+        samples = backend.asarray(result._train_features)[index]
+    out = []
+    for i0 in range(0, m, step):
+        i1 = min(m, i0 + step)
+        if A_new is None:
+            block = backend.asarray(X_new[i0:i1], dtype=dt)[:, index]
+        else:
+            block = _kernels.kernel_block(A_new[i0:i1], samples, spec, backend)
+        S = ((block.astype(P.dtype, copy=False) @ P).astype(xp.float64)) @ M.T
+        labels, _, _ = backend.ops.assign_labels(xp.ascontiguousarray(S), xp.zeros(i1 - i0, dtype=xp.float64),
+                                                 state.sizes, state.within, xp.zeros(i1 - i0, dtype=xp.int32))
+        out.append(backend.to_host(labels))
+    return np.concatenate(out).astype(np.int32)
+
+
+registry.register("approx", "centres in the span of m sampled landmarks (approximate kernel k-means): O(n m) memory",
+                  ("n_landmarks", "landmarks"), check, run, predict)
