@@ -22,6 +22,9 @@
 #   bash bench/gpu_session.sh trimming   # GPU: trimming Table 1 at n = 70,000 (4 kernels x 10 runs)
 #   bash bench/gpu_session.sh catssolve  # GPU: CATS's M_c above 32 x 32, one eigh per cluster against the
 #                                        #      regularised batched solve (l = 48 ... 1024) -> cats-solve.json
+#   bash bench/gpu_session.sh frontier   # GPU: the large-n frontier (bench_frontier.py): every method at n = 70,000,
+#                                        #      then CATS, approx, the tiled engine and MiniBatchKMeans at n = 1,000,000
+#                                        #      (MNIST repeated with pixel noise) -> <date>-<gpu>-frontier.json/png
 #   bash bench/gpu_session.sh all SECONDS  # the phases above in that order, each only if its time limit still fits
 #                                        #      in what is left of SECONDS (e.g. `all 590` in one device call;
 #                                        #      `all 1800` on a workstation); says which were left out
@@ -46,7 +49,7 @@ if [ "$phase" = prepare ]; then
 fi
 
 #: the phases in the order `all` runs them, each with its worst case in seconds (the sum of its steps' limits)
-PHASES="tests:540 engine:560 sanitize:560 scale:450 big:420 quality:560 trimming:560 catssolve:300"
+PHASES="tests:540 engine:560 sanitize:560 scale:450 big:420 quality:560 trimming:560 catssolve:300 frontier:580"
 
 if [ "$phase" = all ]; then
     budget=${2:-}
@@ -141,6 +144,12 @@ quality)
 trimming)  # two calls' worth of work split in two steps; both merge their cases into one result file
     step 280 trimming-table1-a python bench/bench_trimming.py table1 --device cuda --kernels neural polynomial
     step 280 trimming-table1-b python bench/bench_trimming.py table1 --device cuda --kernels rbf rbf-scale
+    ;;
+frontier)
+    step 280 frontier-70k python bench/bench_frontier.py run --device cuda --n 70000 --seeds 0 \
+        --case-timeout 120
+    step 290 frontier-1m python bench/bench_frontier.py run --device cuda --n 1000000 --seeds 0 \
+        --methods cats approx tiled minibatch --approx-m 1000 2000 4000 --tiled-iters 1 --case-timeout 150
     ;;
 catssolve)
     step 280 cats-solve env KKMGPU_BENCH_DEVICES=cuda python -m pytest bench/bench_cats.py -k coefficient_solve \
