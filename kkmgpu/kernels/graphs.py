@@ -1,0 +1,95 @@
+"""Affinity graphs on the device, in row tiles, kept in CSR (issue 17: normalized cut as weighted kernel k-means).
+
+- ``"knn"``: the symmetric k-nearest-neighbour graph, A_ij = 1 when j is among the n_neighbors nearest points of i
+  or i among those of j (the union; scikit-learn's ``SpectralClustering(affinity="nearest_neighbors")`` uses
+  the same graph, as 0.5 (G + G^T), whose entries are 1 on mutual pairs and 0.5 on one-sided ones);
+- ``"mutual_knn"``: A_ij = 1 when each is among the other's n_neighbors nearest (the intersection);
+- ``"self_tuning"``: the kNN graph with RBF weights and local scales (Zelnik-Manor and Perona, NIPS 2004),
+  A_ij = exp(-||x_i - x_j||^2 / (sigma_i sigma_j)) on the union of the neighbour lists, sigma_i the distance of x_i
+  to its ``scale_neighbor``-th nearest point (the paper's 7th).
+
+Neighbours exclude the point itself; a duplicate point is a neighbour at distance 0. Distances are found as
+GEMM-form squared distances in the compute precision, one row tile at a time (never an n x n matrix), and the
+kept pairs' distances are recomputed directly in float64. Ties at the n_neighbors-th distance are broken by
+``argpartition`` and may differ between devices. The graph has no self-loops and is symmetric.
+"""
+
+from __future__ import annotations
+
+
+from kkmgpu.backend.device import Backend
+from kkmgpu.kernels.blocks import tile_rows
+
+GRAPHS = ("knn", "mutual_knn", "self_tuning")
+#: Zelnik-Manor and Perona's local scale: the distance to the 7th nearest neighbour
+SCALE_NEIGHBOR = 7
+
+
+def nearest_neighbors(A, n_neighbors: int, backend: Backend):
+    """(index, sq_dist): the ``n_neighbors`` nearest other points of every row of A (n, d), nearest first.
+
+    ``index`` is a device int64 array (n, n_neighbors); ``sq_dist`` the float64 squared distances, recomputed
+    directly from the rows of A for the kept pairs.
+    """
+    xp = backend.xp
+    n = A.shape[0]
+    if not 1 <= n_neighbors <= n - 1:
+        raise ValueError(f"n_neighbors={n_neighbors} must be between 1 and n_samples - 1 = {n - 1}.")
+    a_sq = (A.astype(xp.float64) ** 2).sum(axis=1).astype(A.dtype)
+    index = xp.empty((n, n_neighbors), dtype=xp.int64)
+    step = tile_rows(n, 2 * A.dtype.itemsize + 8, backend=backend)
+    for i0 in range(0, n, step):
+        i1 = min(n, i0 + step)
+        D = a_sq[i0:i1, None] + a_sq[None, :] - 2.0 * (A[i0:i1] @ A.T)
+        rows = xp.arange(i1 - i0)
+        D[rows, rows + i0] = xp.inf
+        if n_neighbors < n - 1:
+            part = xp.argpartition(D, n_neighbors - 1, axis=1)[:, :n_neighbors]
+        else:
+            part = xp.argsort(D, axis=1)[:, :n_neighbors]
+        index[i0:i1] = part
+    # exact squared distances of the kept pairs, then each row's neighbours nearest first
+    sq = xp.empty((n, n_neighbors), dtype=xp.float64)
+    A64 = A.astype(xp.float64)
+    chunk = max(1, step // max(1, n_neighbors))
+    for i0 in range(0, n, chunk):
+        i1 = min(n, i0 + chunk)
+        diff = A64[i0:i1, None, :] - A64[index[i0:i1]]
+        sq[i0:i1] = (diff * diff).sum(axis=2)
+    order = xp.argsort(sq, axis=1)
+    return xp.take_along_axis(index, order, axis=1), xp.take_along_axis(sq, order, axis=1)
+
+
+def affinity_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR):
+    """The ``kind`` affinity graph of the rows of A (prepared features on ``backend``) as a symmetric CSR matrix
+    (scipy.sparse on the CPU, cupyx.scipy.sparse on a GPU), float64, no self-loops, explicit zeros removed."""
+    from kkmgpu.engine.sparse import sparse_module
+
+    if kind not in GRAPHS:
+        raise ValueError(f"affinity={kind!r} is not one of {', '.join(map(repr, GRAPHS))}.")
+    xp = backend.xp
+    sp = sparse_module(backend)
+    n = A.shape[0]
+    if not 1 <= n_neighbors <= n - 1:
+        raise ValueError(f"n_neighbors={n_neighbors} must be between 1 and n_samples - 1 = {n - 1}.")
+    reach = max(n_neighbors, scale_neighbor) if kind == "self_tuning" else n_neighbors
+    if kind == "self_tuning" and not 1 <= scale_neighbor <= n - 1:
+        raise ValueError(f"scale_neighbor={scale_neighbor} must be between 1 and n_samples - 1 = {n - 1}.")
+    index, sq = nearest_neighbors(A, reach, backend)
+    rows = xp.repeat(xp.arange(n, dtype=xp.int64), n_neighbors)
+    cols = index[:, :n_neighbors].ravel()
+    if kind == "self_tuning":
+        sigma = xp.sqrt(sq[:, scale_neighbor - 1])
+        scale = sigma[rows] * sigma[cols]
+        d2 = sq[:, :n_neighbors].ravel()
+        # coincident scales of 0 (duplicates at the scale neighbour): the pair is at distance 0, weight 1
+        data = xp.where(scale > 0, xp.exp(-d2 / xp.where(scale > 0, scale, 1.0)), (d2 == 0).astype(xp.float64))
+    else:
+        data = xp.ones(rows.shape[0], dtype=xp.float64)
+    G = sp.coo_matrix((data, (rows, cols)), shape=(n, n)).tocsr()
+    GT = G.T.tocsr()
+    graph = G.minimum(GT) if kind == "mutual_knn" else G.maximum(GT)
+    graph = graph.tocsr()
+    graph.eliminate_zeros()
+    graph.sort_indices()
+    return graph

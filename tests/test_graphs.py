@@ -1,0 +1,102 @@
+"""Affinity graphs (kkmgpu/kernels/graphs.py) against scikit-learn's kneighbors_graph and a float64 reference.
+
+- the symmetric and mutual kNN graphs equal scikit-learn's connectivity graph G symmetrised as max(G, G^T) and
+  min(G, G^T), on both devices;
+- the self-tuning graph (Zelnik-Manor and Perona) equals exp(-d_ij^2 / (sigma_i sigma_j)) on the union of the
+  neighbour lists, sigma_i the distance to the 7th neighbour, computed with scipy's cdist in float64;
+- no self-loops, symmetric, row tiles smaller than n give the same graph, duplicates are neighbours at distance 0,
+  and bad n_neighbors or kinds raise with the rule.
+"""
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist
+
+from kkmgpu.backend.device import resolve_device
+from kkmgpu.kernels import blocks
+from kkmgpu.kernels.graphs import affinity_graph, nearest_neighbors
+
+
+def dense(graph, backend):
+    return np.asarray(backend.to_host(graph.toarray()) if backend.is_gpu else graph.toarray())
+
+
+def reference_self_tuning(X, n_neighbors, scale_neighbor=7):
+    D = cdist(X, X, "sqeuclidean")
+    np.fill_diagonal(D, np.inf)
+    order = np.argsort(D, axis=1, kind="stable")
+    n = X.shape[0]
+    sigma = np.sqrt(D[np.arange(n), order[:, scale_neighbor - 1]])
+    W = np.zeros((n, n))
+    for i in range(n):
+        for j in order[i, :n_neighbors]:
+            W[i, j] = np.exp(-D[i, j] / (sigma[i] * sigma[j]))
+    return np.maximum(W, W.T)
+
+
+@pytest.mark.parametrize("kind", ["knn", "mutual_knn"])
+def test_knn_graphs_equal_scikit_learns(device, kind, rng):
+    neighbors = pytest.importorskip("sklearn.neighbors")
+    X = rng.normal(size=(400, 6))
+    backend = resolve_device(device)
+    graph = affinity_graph(backend.asarray(X), 10, kind, backend)
+    G = neighbors.kneighbors_graph(X, 10, include_self=False)
+    expected = (G.maximum(G.T) if kind == "knn" else G.minimum(G.T)).toarray()
+    got = dense(graph, backend)
+    np.testing.assert_array_equal(got, expected)
+    assert np.all(np.diag(got) == 0) and np.array_equal(got, got.T)
+
+
+def test_self_tuning_graph_equals_the_reference(device, rng):
+    X = rng.normal(size=(300, 4)) * rng.uniform(0.2, 3.0, size=(300, 1))  # varied local density
+    backend = resolve_device(device)
+    graph = affinity_graph(backend.asarray(X), 12, "self_tuning", backend)
+    np.testing.assert_allclose(dense(graph, backend), reference_self_tuning(X, 12), rtol=1e-10, atol=1e-14)
+
+
+def test_tiles_smaller_than_n_give_the_same_graph(monkeypatch, rng):
+    X = rng.normal(size=(257, 3))
+    backend = resolve_device("cpu")
+    whole = affinity_graph(backend.asarray(X), 5, "self_tuning", backend).toarray()
+    monkeypatch.setattr(blocks, "TILE_BYTES", 257 * 24 * 7)  # 7-row tiles
+    from kkmgpu.kernels import graphs
+
+    monkeypatch.setattr(graphs, "tile_rows", lambda n_cols, itemsize, backend=None: 7)
+    np.testing.assert_array_equal(affinity_graph(backend.asarray(X), 5, "self_tuning", backend).toarray(), whole)
+
+
+def test_nearest_neighbors_sorted_and_duplicates_at_zero():
+    X = np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [3.0, 0.0], [7.0, 0.0]])
+    backend = resolve_device("cpu")
+    index, sq = nearest_neighbors(backend.asarray(X), 2, backend)
+    assert index[0].tolist() == [1, 2] and index[1].tolist() == [0, 2]
+    np.testing.assert_array_equal(sq[0], [0.0, 1.0])
+    np.testing.assert_array_equal(sq[4], [16.0, 36.0])
+    assert np.all(np.diff(sq, axis=1) >= 0)
+
+
+def test_prepared_float32_features(rng):
+    """The graphs take features prepared as fit prepares them (float32, centred): same graph as from X."""
+    X = rng.normal(size=(200, 5)) + 1e3
+    backend = resolve_device("cpu")
+    from kkmgpu.kernels import spec as kernel_spec
+
+    spec = kernel_spec.with_center(kernel_spec.resolve_kernel("rbf", gamma=1.0, X=X, xp=np), X, np, np.float32)
+    A = blocks.prepare_features(X, spec, backend, np.dtype(np.float32))
+    got = affinity_graph(A, 8, "knn", backend).toarray()
+    neighbors = pytest.importorskip("sklearn.neighbors")
+    G = neighbors.kneighbors_graph(X, 8, include_self=False)
+    assert np.mean(got == G.maximum(G.T).toarray()) > 0.999  # float32 rounding may swap a tied 8th neighbour
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_neighbors=0, kind="knn"), "n_neighbors=0 must be between 1 and n_samples - 1 = 19"),
+    (dict(n_neighbors=20, kind="knn"), "n_neighbors=20 must be between 1 and n_samples - 1 = 19"),
+    (dict(n_neighbors=3, kind="rbf"), "affinity='rbf' is not one of 'knn', 'mutual_knn', 'self_tuning'"),
+    (dict(n_neighbors=3, kind="self_tuning", scale_neighbor=25), "scale_neighbor=25 must be between 1 and"),
+])
+def test_bad_arguments(kwargs, match):
+    backend = resolve_device("cpu")
+    X = np.random.default_rng(0).normal(size=(20, 2))
+    with pytest.raises(ValueError, match=match):
+        affinity_graph(backend.asarray(X), backend=backend, **kwargs)
