@@ -16,7 +16,6 @@ kept pairs' distances are recomputed directly in float64. Ties at the n_neighbor
 
 from __future__ import annotations
 
-
 from kkmgpu.backend.device import Backend
 from kkmgpu.kernels.blocks import tile_rows
 
