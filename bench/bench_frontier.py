@@ -15,6 +15,7 @@ Methods and settings:
 
 - ``cats``: kkmgpu method="cats", n_samples_per_cluster l in ``--cats-l`` (default 20, sqrt(n / k), 200);
 - ``approx``: kkmgpu method="approx", n_landmarks m in ``--approx-m`` (default 500, 1000, 2000, 4000);
+  ``approx_kmeanspp`` the same with landmarks="kmeans++" (default m 500, 1000, 2000);
 - ``trimmed``: kkmgpu method="trimmed" (dtype float16), trim_slack in 0.005, 0.01, 0.02; needs the n x n matrix, so
   a case that does not fit is recorded as skipped with the library's InsufficientMemoryError;
 - ``tiled``: the exact method's tiled engine, time-limited to ``--tiled-iters`` assignment steps (default 2): its
@@ -49,8 +50,8 @@ import numpy as np  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-frontier/1"
 K = 10
-METHODS = ("cats", "approx", "trimmed", "tiled", "nystroem", "minibatch", "kmeans")
-KERNEL_METHODS = ("cats", "approx", "trimmed", "tiled", "nystroem")
+METHODS = ("cats", "approx", "approx_kmeanspp", "trimmed", "tiled", "nystroem", "minibatch", "kmeans")
+KERNEL_METHODS = ("cats", "approx", "approx_kmeanspp", "trimmed", "tiled", "nystroem")
 
 
 def load(n, seed=0, noise=0.05):
@@ -82,6 +83,8 @@ def settings(method, n, args):
         return [("l", l) for l in (args.cats_l or [20, int(math.ceil(math.sqrt(n / K))), 200])]
     if method in ("approx", "nystroem"):
         return [("m", m) for m in (args.approx_m or [500, 1000, 2000, 4000]) if m <= n]
+    if method == "approx_kmeanspp":  # one kernel column per landmark: m passes over the data
+        return [("m", m) for m in (args.approx_m or [500, 1000, 2000]) if m <= n]
     if method == "trimmed":
         return [("slack", s) for s in (0.005, 0.01, 0.02)]
     if method == "tiled":
@@ -116,8 +119,9 @@ def _fit_case(method, X, value, gamma, device, seed):
     common = dict(kernel="rbf", gamma=gamma, device=device, random_state=seed, n_init=1, init="k-means++")
     if method == "cats":
         return kkmgpu.fit(X, K, method="cats", n_samples_per_cluster=value, **common)
-    if method == "approx":
-        return kkmgpu.fit(X, K, method="approx", n_landmarks=min(value, X.shape[0]), **common)
+    if method in ("approx", "approx_kmeanspp"):
+        return kkmgpu.fit(X, K, method="approx", n_landmarks=min(value, X.shape[0]),
+                          landmarks="kmeans++" if method == "approx_kmeanspp" else "uniform", **common)
     if method == "trimmed":
         return kkmgpu.fit(X, K, method="trimmed", trim_slack=value, dtype="float16", **common)
     if method == "tiled":
@@ -145,7 +149,8 @@ def child(args):
     X, _ = load(args.n, noise=args.noise)
     gamma = rbf_gamma(X)
     value = json.loads(args.value)
-    _fit_case(args.method, X[:300], value if args.method != "approx" else 50, gamma, args.device, args.seed)  # warm-up:
+    _fit_case(args.method, X[:300], value if not args.method.startswith("approx") else 50, gamma, args.device,
+              args.seed)  # warm-up:
     # imports and numba's compilation, paid once per process, are not the method's cost at this n
     import gc
 

@@ -227,9 +227,10 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         method="approx": the number m of landmarks, k <= m <= the number of samples with a positive weight.
         Default min(n, max(1000, 20 k)). Memory and the feature build grow as n m; m = n is exact kernel
         k-means on a positive definite kernel.
-    landmarks : {"uniform"}, default="uniform"
-        method="approx": how the landmarks are drawn: uniformly without replacement among the samples with
-        a positive weight, from ``random_state``.
+    landmarks : {"uniform", "kmeans++"}, default="uniform"
+        method="approx": how the landmarks are drawn among the samples with a positive weight, from
+        ``random_state``: uniformly without replacement, or by k-means++'s D^2 sampling in the kernel's feature
+        space (m passes over the data; it covers small clusters).
 
     Returns
     -------

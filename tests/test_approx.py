@@ -180,7 +180,7 @@ def test_default_landmarks_and_estimator_and_cli(tmp_path, capsys):
                                                        r"samples with a positive sample_weight \(100\)"),
     (dict(method="approx", n_landmarks=101), ValueError, "n_landmarks=101 must be between k=3"),
     (dict(method="approx", n_landmarks=2.5), TypeError, "n_landmarks=2.5 must be an integer"),
-    (dict(method="approx", landmarks="kmeans++"), ValueError, "landmarks='kmeans\\+\\+' is not one of 'uniform'"),
+    (dict(method="approx", landmarks="farthest"), ValueError, "landmarks='farthest' is not one of 'uniform', 'kmeans"),
     (dict(method="exact", n_landmarks=10), ValueError, "n_landmarks=10 only applies to method='approx'"),
     (dict(method="cats", landmarks="uniform", n_landmarks=5), ValueError, "only applies to method='approx'"),
 ])
@@ -188,6 +188,36 @@ def test_parameter_checks(kwargs, error, match):
     X, _ = blobs(100, 2, 3, seed=0)
     with pytest.raises(error, match=match):
         kkmgpu.fit(X, 3, device="cpu", **kwargs)
+
+
+def test_kmeans_plus_plus_landmarks_cover_small_clusters(device):
+    """D^2 sampling puts a landmark in each of two small far-away blobs (20 points each beside 2000), where
+    uniform landmarks rarely do (P(one given small blob is hit by 6 uniform draws) is about 6%). The linear kernel
+    makes the feature-space distances Euclidean, where D^2 sampling picks a far blob with probability > 0.9 per
+    draw (an RBF kernel saturates every far distance at 2)."""
+    rng = np.random.default_rng(5)
+    X = np.r_[rng.normal(size=(2000, 2)), rng.normal(size=(20, 2)) + 40.0, rng.normal(size=(20, 2)) - 40.0]
+    hits = {"uniform": 0, "kmeans++": 0}
+    for seed in range(10):
+        for strategy in hits:
+            result = kkmgpu.fit(X, 3, method="approx", n_landmarks=6, landmarks=strategy, kernel="linear",
+                                device=device, random_state=seed, n_init=1)
+            B = landmarks_of(result)
+            assert len(set(B.tolist())) == 6
+            hits[strategy] += int((B >= 2000).any() and (B < 2020).any() and (B >= 2020).any())
+    assert hits["kmeans++"] == 10 and hits["uniform"] <= 1
+
+
+def test_kmeans_plus_plus_landmarks_are_weighted_and_reproducible(device, rng):
+    X, _ = blobs(300, 3, 4, seed=3)
+    w = rng.uniform(0.5, 2.0, size=300)
+    w[::3] = 0.0
+    runs = [kkmgpu.fit(X, 4, method="approx", n_landmarks=40, landmarks="kmeans++", sample_weight=w,
+                       device=device, random_state=11) for _ in range(2)]
+    B = landmarks_of(runs[0])
+    np.testing.assert_array_equal(B, landmarks_of(runs[1]))
+    np.testing.assert_array_equal(runs[0].labels, runs[1].labels)
+    assert np.all(w[B] > 0) and len(set(B.tolist())) == 40
 
 
 def test_sigmoid_kernel_drops_negative_directions():

@@ -119,6 +119,8 @@ def _build_parser():
                      help="eigen: the top R eigenpairs of K (default: all up to n=4096, else max(128, 8 K))")
     fit.add_argument("--n-landmarks", type=int, default=None, metavar="M",
                      help="approx: landmarks the centres are restricted to (default: min(n, max(1000, 20 K)))")
+    fit.add_argument("--landmarks", choices=("uniform", "kmeans++"), default="uniform",
+                     help="approx: how the landmarks are drawn (default: uniform)")
     fit.add_argument("--samples-per-cluster", type=int, default=None, metavar="L",
                      help="cats: points sampled per cluster and iteration (default: ceil(sqrt(n / k)))")
     fit.add_argument("--labels-last-column", action="store_true",
@@ -202,7 +204,7 @@ def _run_fit(args):
         random_state=args.seed, verbose=args.verbose, method=args.method,
         progress=sys.stderr.isatty() if args.progress is None else args.progress,
         n_samples_per_cluster=args.samples_per_cluster, n_components=args.n_components,
-        n_landmarks=args.n_landmarks,
+        n_landmarks=args.n_landmarks, landmarks=args.landmarks,
         exact_objective=args.method == "cats" and X.shape[0] <= 50_000,
     )
     labels = np.asarray(result.labels)

@@ -40,7 +40,7 @@ from kkmgpu.methods import registry
 #: default number of landmarks: min(n, max(DEFAULT_LANDMARKS, LANDMARKS_PER_CLUSTER * k))
 DEFAULT_LANDMARKS = 1000
 LANDMARKS_PER_CLUSTER = 20
-LANDMARK_STRATEGIES = ("uniform",)
+LANDMARK_STRATEGIES = ("uniform", "kmeans++")
 
 
 def default_landmarks(n: int, k: int) -> int:
@@ -81,10 +81,36 @@ def check(method, ctx, values):
     return {"n_landmarks": m, "landmarks": strategy}
 
 
-def choose_landmarks(strategy, m, weights_h, rng) -> np.ndarray:
-    """The landmarks' indices, sorted: m distinct points with a positive weight, drawn uniformly."""
-    eligible = np.flatnonzero(np.asarray(weights_h) > 0)
-    return np.sort(rng.choice(eligible, size=m, replace=False)).astype(np.int64)
+def choose_landmarks(strategy, m, weights_h, rng, source: KernelSource | None = None, diag=None) -> np.ndarray:
+    """The landmarks' indices, sorted: m distinct points with a positive weight.
+
+    "uniform": drawn uniformly without replacement. "kmeans++": D^2 sampling in the kernel's feature space (the
+    seeding of k-means++, with m seeds): the first with probability proportional to its weight, each next with
+    probability proportional to w_i times its squared feature-space distance to the nearest landmark so far,
+    K_ii - 2 K_ib + K_bb, one kernel column per landmark (m passes over the data).
+    """
+    w = np.asarray(weights_h, dtype=np.float64)
+    eligible = np.flatnonzero(w > 0)
+    if strategy == "uniform":
+        return np.sort(rng.choice(eligible, size=m, replace=False)).astype(np.int64)
+    backend = source.backend
+    d = backend.to_host(diag).astype(np.float64) if diag is not None else backend.to_host(source.diagonal())
+    chosen = np.zeros(w.shape[0], dtype=bool)
+    index = np.empty(m, dtype=np.int64)
+    closest = None
+    for j in range(m):
+        p = w if closest is None else w * np.maximum(closest, 0.0)
+        p = np.where(chosen, 0.0, p)
+        total = p.sum()
+        if not total > 0:  # every remaining point coincides with a landmark: any unchosen eligible point
+            p = np.where(chosen, 0.0, (w > 0).astype(np.float64))
+            total = p.sum()
+        c = int(rng.choice(w.shape[0], p=p / total))
+        index[j], chosen[c] = c, True
+        column = backend.to_host(source.block(0, source.n, source.take(backend.asarray(np.array([c]))))).ravel()
+        dist = d + d[c] - 2.0 * column.astype(np.float64)
+        closest = dist if closest is None else np.minimum(closest, dist)
+    return np.sort(index)
 
 
 def nystrom_features(source: KernelSource, index, backend, verbose=False):
@@ -134,10 +160,10 @@ def run(ctx, params):
     else:
         source_array = features = _kernels.prepare_features(X, spec, backend, ct)
     source = KernelSource(source_array, spec, backend)
-    index = choose_landmarks(params["landmarks"], params["n_landmarks"], ctx.weights_h, ctx.rng)
+    diag = source.diagonal()
+    index = choose_landmarks(params["landmarks"], params["n_landmarks"], ctx.weights_h, ctx.rng, source, diag)
     A, projection, diagnostics = nystrom_features(source, index, backend, verbose=ctx.verbose)
     weights = backend.asarray(ctx.weights_h)
-    diag = source.diagonal()
     t_kernel = backend.timer()
     operator = EmbeddingOperator(A, weights, backend)
     # the approximate objective of Chitta et al. is the embedding's plus sum_i w_i (K_ii - ||a_i||^2)
