@@ -13,5 +13,6 @@ CUDA source                 CUDA launcher (CuPy)             CPU twin (numba)
 ``tiled.cu``                ``tiled_cuda``                   ``tiled_cpu``
 ==========================  ===============================  ===========================
 
-``graphs`` builds affinity graphs (kNN, mutual kNN, self-tuning) in CSR. ``csr_cpu`` has the numba CSR cluster sums; on a GPU the same work is a cuSPARSE product (no custom kernel).
+``graphs`` builds affinity graphs (kNN, mutual kNN, self-tuning) in CSR.
+``csr_cpu`` has the numba CSR cluster sums; on a GPU the same work is a cuSPARSE product (no custom kernel).
 """
