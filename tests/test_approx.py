@@ -15,24 +15,11 @@ import tracemalloc
 import numpy as np
 import pytest
 from reference import approx_distances, kernel_kmeans_objective, kernel_matrix, reference_approx_kernel_kmeans
+from synthetic import blobs, random_partition
 
 import kkmgpu
 from kkmgpu.methods import approx as _approx
 from kkmgpu.metrics import nmi
-
-
-def blobs(n, d, n_centers, seed, spread=4.0):
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(scale=spread, size=(n_centers, d))
-    y = rng.integers(0, n_centers, n)
-    return centers[y] + rng.normal(size=(n, d)), y
-
-
-def random_partition(n, k, seed):
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, k, n)
-    labels[rng.permutation(n)[:k]] = np.arange(k)
-    return labels.astype(np.int32)
 
 
 def landmarks_of(result):

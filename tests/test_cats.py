@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from conftest import shape_set
 from reference import kernel_kmeans_objective, kernel_matrix, reference_kernel_kmeans
+import synthetic
+from synthetic import random_partition
 
 import kkmgpu
 from kkmgpu import datasets
@@ -31,17 +33,7 @@ def host(a):
 
 
 def blobs(n, d, n_centers, seed, spread=3.0):
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(scale=spread, size=(n_centers, d))
-    y = rng.integers(0, n_centers, n)
-    return centers[y] + rng.normal(size=(n, d)), y
-
-
-def random_partition(n, k, seed):
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, k, n)
-    labels[rng.permutation(n)[:k]] = np.arange(k)
-    return labels
+    return synthetic.blobs(n, d, n_centers, seed, spread)
 
 
 def quiet_fit(X, k, **kwargs):

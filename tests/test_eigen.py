@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 import pytest
 from reference import assign_new_points, kernel_kmeans_objective, kernel_matrix, reference_kernel_kmeans
+from synthetic import blobs, random_partition
 
 import kkmgpu
 from kkmgpu.backend import device as _backend
@@ -37,20 +38,6 @@ def _one_blas_thread():
         return
     with threadpool_limits(1, user_api="blas"):
         yield
-
-
-def blobs(n, d, n_centers, seed, spread=4.0):
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(scale=spread, size=(n_centers, d))
-    y = rng.integers(0, n_centers, n)
-    return centers[y] + rng.normal(size=(n, d)), y
-
-
-def random_partition(n, k, seed):
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, k, n)
-    labels[rng.permutation(n)[:k]] = np.arange(k)
-    return labels.astype(np.int32)
 
 
 RTOL = {"float64": 1e-9, "float32": 2e-4}

@@ -45,19 +45,23 @@ def tile_rows(n_cols: int, itemsize: int, tile_bytes: int = TILE_BYTES, backend:
     return max(1, tile_bytes // row)
 
 
-def training_kernel_rows(result, X_new, backend: Backend, dt, step):
+def training_kernel_rows(result, X_new, backend: Backend, dt, step, index=None):
     """(i0, i1, K(X_new[i0:i1], training points)) in batches of ``step`` rows, for predict: the given rows of a
-    precomputed kernel, else kernel blocks of the new points' prepared features against the training ones."""
+    precomputed kernel, else kernel blocks of the new points' prepared features against the training ones.
+    ``index`` (device int array), if given, keeps only those training points (CATS's samples, approx's landmarks)."""
     spec = result._spec
     m = X_new.shape[0]
     if spec.name != "precomputed":
         A_all = prepare_features(X_new, spec, backend, dt)
         B = backend.asarray(result._train_features)  # a GPU fit predicted under KKMGPU_DEVICE=cpu
+        if index is not None:
+            B = B[index]
         b_sq = (B * B).sum(axis=1) if spec.name in DISTANCE_KERNELS else None
     for i0 in range(0, m, step):
         i1 = min(m, i0 + step)
         if spec.name == "precomputed":
-            yield i0, i1, backend.asarray(X_new[i0:i1], dtype=dt)
+            block = backend.asarray(X_new[i0:i1], dtype=dt)
+            yield i0, i1, block if index is None else block[:, index]
         else:
             yield i0, i1, kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
 

@@ -151,7 +151,6 @@ def nystrom_features(source: KernelSource, index, backend, verbose=False):
 def run(ctx, params):
     """fit(method="approx"): landmarks, the Nystrom features, then the Lloyd driver on their embedding."""
     X, k, n, spec, backend, dt = ctx.X, ctx.k, ctx.n, ctx.spec, ctx.backend, ctx.dt
-    xp = backend.xp
     ct = _kernel_spec.compute_dtype(dt)
     if ctx.precomputed:
         if X.dtype != ct:
@@ -200,24 +199,12 @@ def predict(result, X_new, backend, dt, batch_size):
     """Nearest approximate centre: a(x) = k(x, B) K_BB^(-1/2), then argmin_c -2 a(x) . M_c / n_c + ||M_c||^2 / n_c^2."""
     xp = backend.xp
     state = result._approx_state
-    spec = result._spec
     index = backend.asarray(state.index)
     P = backend.asarray(state.projection)
     M = backend.asarray(state.centroid_sums)
-    m = X_new.shape[0]
     step = batch_size or _kernels.tile_rows(len(state.index), max(dt.itemsize, 8), backend=backend)
-    if spec.name == "precomputed":
-        A_new, samples = None, None
-    else:
-        A_new = _kernels.prepare_features(X_new, spec, backend, dt)
-        samples = backend.asarray(result._train_features)[index]
     out = []
-    for i0 in range(0, m, step):
-        i1 = min(m, i0 + step)
-        if A_new is None:
-            block = backend.asarray(X_new[i0:i1], dtype=dt)[:, index]
-        else:
-            block = _kernels.kernel_block(A_new[i0:i1], samples, spec, backend)
+    for i0, i1, block in _kernels.training_kernel_rows(result, X_new, backend, dt, step, index=index):
         S = ((block.astype(P.dtype, copy=False) @ P).astype(xp.float64)) @ M.T
         labels, _, _ = backend.ops.assign_labels(xp.ascontiguousarray(S), xp.zeros(i1 - i0, dtype=xp.float64),
                                                  state.sizes, state.within, xp.zeros(i1 - i0, dtype=xp.int32))

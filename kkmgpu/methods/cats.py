@@ -95,25 +95,12 @@ def predict(result, X_new, backend, dt, batch_size):
     """argmin_c -2 sum_s alpha_s k(x, s) + alpha_c^T M_c alpha_c with the final approximate centroids."""
     xp = backend.xp
     state = result._cats_state
-    spec = result._spec
-    k = result.n_clusters
     index = backend.asarray(state.index.ravel())
     alpha = backend.asarray(state.alpha)
-    m = X_new.shape[0]
     step = batch_size or _kernels.tile_rows(index.shape[0], dt.itemsize, backend=backend)
-    if spec.name == "precomputed":
-        A_all = None
-    else:
-        A_all = _kernels.prepare_features(X_new, spec, backend, dt)
-        samples = backend.asarray(result._train_features)[index]
     flags = state.nonempty.astype(np.float64)
     out = []
-    for i0 in range(0, m, step):
-        i1 = min(m, i0 + step)
-        if A_all is None:
-            block = backend.asarray(X_new[i0:i1], dtype=dt)[:, index]
-        else:
-            block = _kernels.kernel_block(A_all[i0:i1], samples, spec, backend)
+    for i0, i1, block in _kernels.training_kernel_rows(result, X_new, backend, dt, step, index=index):
         T = _cats._project(block, alpha, xp)
         labels, _, _ = backend.ops.assign_labels(T, xp.zeros(i1 - i0, dtype=xp.float64), flags,
                                                  state.offsets, xp.zeros(i1 - i0, dtype=xp.int32))
