@@ -25,7 +25,8 @@ w taken by m elements counts round(m / w) clusters of size w.
 
 Memory beyond K: the votes as one bit per (element, size), n^2 / 8 bytes (1/32 of a float32 K), row batches
 of sorted rows and derivatives sized to the free memory, and, at the end, K_hat and K* in CSR (O(nnz), checked
-against the free memory first); no second dense n x n array is made. Measured on MNIST n = 20,000 (K 1.5 GiB):
+against the free memory first); no second dense n x n array is made. ``fit(method="trimmed")`` frees K once
+K_hat is built, so the sparse maximum also has K's memory. Measured on MNIST n = 20,000 (K 1.5 GiB):
 0.8-1.2 GiB at the peak beyond K, K* 0.35-0.5 GiB (bench/README.md, "Kernel matrix trimming").
 """
 
@@ -322,39 +323,18 @@ def _row_thresholds(K, cutoff, xp, batch):
     return out
 
 
-def _trimmed_csr(K, thresholds, backend: Backend, batch, value_dtype, kept_estimate):
-    """K_hat (row i keeps K[i, j] >= thresholds[i], zeros dropped) in CSR, then K* = max(K_hat, K_hat^T).
-
-    The sparse maximum holds K_hat, its transpose and a result of up to twice their entries at once:
-    about 4 kept_estimate (value + column index) bytes, checked against the free memory first.
-    """
-    xp = backend.xp
-    sp = _sparse.sparse_module(backend)
-    n = K.shape[0]
-    check_fits(4 * kept_estimate * (np.dtype(value_dtype).itemsize + 4) + 16 * (n + 1), backend,
-               f"the trimmed matrix (K_hat with about {kept_estimate} entries, its transpose and their maximum)")
-    counts, indices, data = [], [], []
-    for i0 in range(0, n, batch):
-        i1 = min(n, i0 + batch)
-        block = K[i0:i1]
-        keep = (block >= thresholds[i0:i1, None].astype(block.dtype)) & (block != 0)
-        counts.append(keep.sum(axis=1, dtype=xp.int64))
-        indices.append(xp.nonzero(keep)[1].astype(xp.int32))
-        data.append(block[keep].astype(value_dtype))
-    indptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(xp.concatenate(counts))])
-    index_dtype = xp.int32 if int(indptr[-1]) < 2**31 else xp.int64
-    K_hat = sp.csr_matrix((xp.concatenate(data), xp.concatenate(indices).astype(index_dtype, copy=False),
-                           indptr.astype(index_dtype)), shape=(n, n))
-    del counts, indices, data
-    K_star = K_hat.maximum(K_hat.T.tocsr()).tocsr()
-    K_star.eliminate_zeros()  # a negative value kept in one direction only loses to the other's zero
-    K_star.sort_indices()
-    return K_star
-
-
-def _trim(K, backend: Backend, *, vote_fraction=DEFAULT_VOTE_FRACTION, slack=DEFAULT_SLACK, h=DEFAULT_H,
-          max_size=DEFAULT_MAX_SIZE, batch_size=None, verbose=False, n_examples=3) -> TrimmedKernel:
+def _trim(K, backend: Backend, **params) -> TrimmedKernel:
     """Section 3 on a validated, symmetric dense K already on ``backend`` (parameters already checked)."""
+    return _finish_trim(_trim_rows(K, backend, **params), backend)
+
+
+def _trim_rows(K, backend: Backend, *, vote_fraction=DEFAULT_VOTE_FRACTION, slack=DEFAULT_SLACK, h=DEFAULT_H,
+               max_size=DEFAULT_MAX_SIZE, batch_size=None, verbose=False, n_examples=3) -> dict:
+    """Everything that reads the dense K: the votes, the sizes, the thresholds and K_hat (in CSR).
+
+    Returns the fields of :class:`TrimmedKernel` but K* (K_hat in its place, "K_hat"); :func:`_finish_trim`
+    symmetrises it without K, so a caller that owns K frees it in between (``fit(method="trimmed")`` does).
+    """
     xp = backend.xp
     t0 = backend.timer()
     n = K.shape[0]
@@ -392,26 +372,37 @@ def _trim(K, backend: Backend, *, vote_fraction=DEFAULT_VOTE_FRACTION, slack=DEF
     cutoff = xp.minimum(row_sizes + extra, n)
     thresholds = _row_thresholds(K, cutoff, xp, batch)
     t_thresholds = backend.timer()
-    K_star = _trimmed_csr(K, thresholds, backend, batch, compute, int(cutoff.sum()))
+    K_hat = _sparse.rows_above_threshold(K, thresholds, backend, batch, compute, int(cutoff.sum()))
     t_sparse = backend.timer()
 
     counts = np.rint(winners[:, 1] / np.maximum(winners[:, 0], 1)).astype(np.int64) if winners.size else \
         np.zeros(0, dtype=np.int64)
     sizes = np.repeat(winners[:, 0], counts) if winners.size else np.zeros(0, dtype=np.int64)
     sizes = np.sort(sizes)[::-1].copy()
-    nnz = int(K_star.nnz)
     timings = {"votes": t_votes - t0, "voting": t_voting - t_votes, "thresholds": t_thresholds - t_voting,
                "sparse": t_sparse - t_thresholds, "total": t_sparse - t0}
+    return dict(K_hat=K_hat, n_clusters=int(sizes.size), cluster_sizes=sizes, row_sizes=backend.to_host(row_sizes),
+                thresholds=backend.to_host(thresholds), votes=backend.to_host(votes), winners=winners,
+                vote_fraction=vote_fraction, slack=slack, h=h, max_size=max_size, device=backend.name,
+                timings=timings, example_rows=example_rows, example_index=examples, verbose=verbose)
+
+
+def _finish_trim(rows: dict, backend: Backend) -> TrimmedKernel:
+    """K* = max(K_hat, K_hat^T) from :func:`_trim_rows`' fields (consumed), into a :class:`TrimmedKernel`."""
+    t0 = backend.timer()
+    verbose = rows.pop("verbose")
+    K_star = _sparse.symmetrise(rows.pop("K_hat"), backend, "maximum", "K* = max(K_hat, K_hat^T)")
+    timings = dict(rows.pop("timings"))
+    seconds = backend.timer() - t0
+    timings["sparse"] += seconds
+    timings["total"] += seconds
+    n, nnz = K_star.shape[0], int(K_star.nnz)
     if verbose:
-        print(f"[kkmgpu] trimming: {len(winners)} voting rounds, {sizes.size} clusters estimated "
+        sizes = rows["cluster_sizes"]
+        print(f"[kkmgpu] trimming: {len(rows['winners'])} voting rounds, {sizes.size} clusters estimated "
               f"(sizes {sizes[:12].tolist()}{' ...' if sizes.size > 12 else ''}), nnz {nnz} = "
               f"{nnz / n ** 2:.4f} n^2, {timings['total']:.2f} s")
-    return TrimmedKernel(
-        K=K_star, n_clusters=int(sizes.size), cluster_sizes=sizes, row_sizes=backend.to_host(row_sizes),
-        thresholds=backend.to_host(thresholds), votes=backend.to_host(votes), winners=winners, nnz=nnz,
-        density=nnz / float(n) ** 2, vote_fraction=vote_fraction, slack=slack, h=h, max_size=max_size,
-        device=backend.name,
-        timings=timings, example_rows=example_rows, example_index=examples)
+    return TrimmedKernel(K=K_star, nnz=nnz, density=nnz / float(n) ** 2, timings=timings, **rows)
 
 
 def trim_kernel_matrix(K, *, vote_fraction=DEFAULT_VOTE_FRACTION, slack=DEFAULT_SLACK, h=DEFAULT_H,

@@ -207,3 +207,43 @@ def check_symmetric_sparse(K, backend: Backend, rtol=None, name="X"):
 def all_finite_sparse(K, backend: Backend) -> bool:
     """True if every stored value of the sparse K is finite."""
     return bool(backend.xp.isfinite(K.data).all())
+
+
+def rows_above_threshold(K, thresholds, backend: Backend, batch, value_dtype, kept_estimate):
+    """CSR of a dense K's row i keeping K[i, j] >= thresholds[i], zeros dropped (K_hat of the trimming),
+    built in row batches of ``batch``: the pieces, then one concatenation (twice the result at the peak)."""
+    xp = backend.xp
+    n = K.shape[0]
+    check_fits(2 * kept_estimate * (np.dtype(value_dtype).itemsize + 4) + 16 * (n + 1), backend,
+               f"the kept values of the {n} x {n} matrix (about {kept_estimate} entries)")
+    counts, indices, data = [], [], []
+    for i0 in range(0, n, batch):
+        i1 = min(n, i0 + batch)
+        block = K[i0:i1]
+        keep = (block >= thresholds[i0:i1, None].astype(block.dtype)) & (block != 0)
+        counts.append(keep.sum(axis=1, dtype=xp.int64))
+        indices.append(xp.nonzero(keep)[1].astype(xp.int32))
+        data.append(block[keep].astype(value_dtype))
+    indptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(xp.concatenate(counts))])
+    index_dtype = xp.int32 if int(indptr[-1]) < 2**31 else xp.int64
+    return sparse_module(backend).csr_matrix(
+        (xp.concatenate(data), xp.concatenate(indices).astype(index_dtype, copy=False), indptr.astype(index_dtype)),
+        shape=(n, n))
+
+
+def symmetrise(A, backend: Backend, how: str = "maximum", what: str = "the symmetrised matrix"):
+    """max(A, A^T) or min(A, A^T) of a square CSR matrix, in CSR with sorted indices and no explicit zeros.
+
+    Holds A, its transpose and a result of up to twice their entries at once; checked against the free memory
+    first (``what`` names the matrix in the error). A negative entry stored in one direction only loses the
+    maximum to the other direction's zero, and is dropped.
+    """
+    entry = A.dtype.itemsize + A.indices.dtype.itemsize
+    check_fits(3 * A.nnz * entry + 8 * (A.shape[0] + 1), backend,
+               f"{what} ({A.nnz} entries, their transpose and the {how})")
+    AT = A.T.tocsr()
+    out = (A.maximum(AT) if how == "maximum" else A.minimum(AT)).tocsr()
+    del AT
+    out.eliminate_zeros()
+    out.sort_indices()
+    return out

@@ -62,7 +62,7 @@ def nearest_neighbors(A, n_neighbors: int, backend: Backend):
 def affinity_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR):
     """The ``kind`` affinity graph of the rows of A (prepared features on ``backend``) as a symmetric CSR matrix
     (scipy.sparse on the CPU, cupyx.scipy.sparse on a GPU), float64, no self-loops, explicit zeros removed."""
-    from kkmgpu.engine.sparse import sparse_module
+    from kkmgpu.engine.sparse import sparse_module, symmetrise
 
     if kind not in GRAPHS:
         raise ValueError(f"affinity={kind!r} is not one of {', '.join(map(repr, GRAPHS))}.")
@@ -86,9 +86,4 @@ def affinity_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_ne
     else:
         data = xp.ones(rows.shape[0], dtype=xp.float64)
     G = sp.coo_matrix((data, (rows, cols)), shape=(n, n)).tocsr()
-    GT = G.T.tocsr()
-    graph = G.minimum(GT) if kind == "mutual_knn" else G.maximum(GT)
-    graph = graph.tocsr()
-    graph.eliminate_zeros()
-    graph.sort_indices()
-    return graph
+    return symmetrise(G, backend, "minimum" if kind == "mutual_knn" else "maximum", f"the {kind} graph")

@@ -20,7 +20,7 @@ from kkmgpu.engine import sparse as _sparse
 from kkmgpu.engine.lloyd import run_restarts
 from kkmgpu.kernels.blocks import build_kernel_matrix, check_fits, prepare_features, tile_rows, training_kernel_rows
 from kkmgpu.methods import registry
-from kkmgpu.trimming import DEFAULTS, _trim
+from kkmgpu.trimming import DEFAULTS, _finish_trim, _trim_rows
 
 
 @dataclass(frozen=True)
@@ -67,13 +67,16 @@ def fit_sparse(X, k, *, spec, backend, dt, precomputed, method, weights_h, init,
             features = prepare_features(X, spec, backend, _kernel_spec.compute_dtype(dt))
             K = build_kernel_matrix(features, features, spec, backend, verbose=verbose, storage=dt)
         t_kernel = backend.timer()
-        trimmed = _trim(K, backend, vote_fraction=params["vote_fraction"], slack=params["slack"], h=params["h"],
-                       max_size=params["max_size"], verbose=verbose)
+        rows = _trim_rows(K, backend, vote_fraction=params["vote_fraction"], slack=params["slack"], h=params["h"],
+                          max_size=params["max_size"], verbose=verbose)
+        train_diag = xp.diagonal(K).astype(xp.float64)
+        # K is not needed past K_hat: freed before the sparse maximum, which then has K's memory too
+        # (MNIST n = 70,000 on a 23 GiB host: K_hat, its transpose and K* would not fit beside a float16 K)
+        del K
+        trimmed = _finish_trim(rows, backend)
         state = _TrimState(thresholds=backend.asarray(trimmed.thresholds),
                            row_sizes=backend.asarray(trimmed.row_sizes),
-                           train_diag=xp.diagonal(K).astype(xp.float64),
-                           extra=int(math.ceil(trimmed.slack * n)))
-        del K  # only K* is kept for the iterations
+                           train_diag=train_diag, extra=int(math.ceil(trimmed.slack * n)))
         K_star = trimmed.K
         t_trim = backend.timer()
     weights = backend.asarray(weights_h)
