@@ -17,6 +17,7 @@ from kkmgpu.backend.device import memory_situation, resolve_device
 from kkmgpu.engine import sparse as _sparse
 from kkmgpu.methods import registry as _methods
 from kkmgpu.methods import exact, cats, eigen, trimmed, approx  # noqa: F401  (each registers itself, in this order)
+from kkmgpu.methods import graphcut
 from kkmgpu._progress import check_progress, scope as progress_scope
 from kkmgpu._result import KernelKMeansResult, in_user_units
 from kkmgpu.bandwidth import search_bandwidth
@@ -87,11 +88,12 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
 
 
 def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None, method="exact",
-        device="auto", dtype="float32", init="k-means++", n_init="auto", max_iter=300, tol=1e-6,
+        device="auto", dtype="float32", init="auto", n_init="auto", max_iter=300, tol=1e-6,
         sample_weight=None, random_state=None, verbose=False, keep_on_device=False,
         update="auto", n_samples_per_cluster=None, window=None, theta=None, rcond=None,
         exact_objective=False, n_components=None, engine="auto", tf32=False, trim_vote_fraction=None,
         trim_slack=None, trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform",
+        objective="kernel_kmeans", affinity="knn", n_neighbors=graphcut.DEFAULT_N_NEIGHBORS, graph_shift="auto",
         progress=False) -> KernelKMeansResult:
     """Cluster the rows of X into k clusters with kernel k-means.
 
@@ -148,12 +150,13 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         Storage precision of the kernel matrix. "float16" halves its memory (MNIST-70k: 9.8 GB
         instead of 19.6 GB); features and kernel values are then computed in float32 and rounded
         on storage (about 3 significant digits), and cluster sums still accumulate in float64.
-    init : {"k-means++", "random"} or array of shape (n_samples,), default="k-means++"
+    init : {"auto", "k-means++", "random", "spectral"} or array of shape (n_samples,), default="auto"
         "random" is a random partition (as in the papers); "k-means++" seeds in feature space with
-        kernel distances; an array gives the initial labels (a deterministic run, identical on
-        every backend).
+        kernel distances; "spectral" (graph objectives only) clusters the top-k eigenvectors of the
+        normalised graph (LOBPCG), then refines; an array gives the initial labels (a deterministic run,
+        identical on every backend). "auto": "spectral" for a graph objective, else "k-means++".
     n_init : int or "auto", default="auto"
-        Restarts; the lowest objective is kept. "auto": 10 for "random", 1 otherwise.
+        Restarts; the lowest objective is kept. "auto": 10 for "random" and "spectral", 1 otherwise.
     max_iter : int, default=300
         Maximum number of assignment steps per restart.
     tol : float, default=1e-6
@@ -231,6 +234,24 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         method="approx": how the landmarks are drawn among the samples with a positive weight, from
         ``random_state``: uniformly without replacement, or by k-means++'s D^2 sampling in the kernel's feature
         space (m passes over the data; it covers small clusters).
+    objective : {"kernel_kmeans", "ncut", "ratio_association"}, default="kernel_kmeans"
+        "ncut" minimises the normalized cut of an affinity graph, "ratio_association" maximises its ratio
+        association, both as weighted kernel k-means on the sparse graph kernel (Dhillon, Guan and Kulis,
+        2004; :mod:`kkmgpu.methods.graphcut`): clusters of any shape (two spirals), spectral quality without a
+        full eigensolver. ``result.objective`` is then the normalized cut (or the negated ratio association)
+        and ``result.objective_name`` says which. kernel, gamma, sample_weight and method do not apply.
+    affinity : {"knn", "mutual_knn", "self_tuning", "precomputed"}, default="knn"
+        Graph objectives: the graph built from X in row tiles (:mod:`kkmgpu.kernels.graphs`): the symmetric
+        kNN graph (G + G^T) / 2, the mutual kNN graph, or kNN with self-tuning RBF weights; "precomputed": X
+        is a symmetric non-negative affinity matrix (dense or scipy/cupyx sparse; ``predict`` needs X).
+    n_neighbors : int or "search", default=10
+        Graph objectives: neighbours per point (scikit-learn's SpectralClustering default). "search" fits
+        with each of 5, 7, 10, 15, 20, 30, 50 (below n) and keeps the clustering of lowest c-NNC
+        (:func:`kkmgpu.metrics.cnnc`, the Off-the-grid criterion); the scores are in
+        ``result.method_params["n_neighbors_search"]``.
+    graph_shift : float or "auto", default="auto"
+        Graph objectives: sigma of the graph kernel. "auto": the smallest one making it positive
+        semi-definite (plus 1%), so that the objective never rises between iterations.
 
     Returns
     -------
@@ -255,6 +276,21 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     1.0
     """
     progress = check_progress(progress)
+    objective = graphcut.check_objective(objective)
+    if isinstance(init, str) and init == "auto":
+        init = "spectral" if objective in graphcut.GRAPH_OBJECTIVES else "k-means++"
+    if objective in graphcut.GRAPH_OBJECTIVES:
+        return graphcut.checked_fit(X, k, fit_exact=fit, objective=objective, affinity=affinity, n_neighbors=n_neighbors,
+                                    graph_shift=graph_shift, kernel=kernel, gamma=gamma, method=method,
+                                    sample_weight=sample_weight, device=device, dtype=dtype, init=init,
+                                    n_init=n_init, max_iter=max_iter, tol=tol, random_state=random_state,
+                                    verbose=verbose, keep_on_device=keep_on_device, progress=progress)
+    if (affinity, n_neighbors, graph_shift) != ("knn", graphcut.DEFAULT_N_NEIGHBORS, "auto"):
+        raise ValueError("affinity, n_neighbors and graph_shift belong to the graph objectives; pass "
+                         "objective='ncut' or 'ratio_association' to use them.")
+    if isinstance(init, str) and init == "spectral":
+        raise ValueError("init='spectral' starts the graph objectives (objective='ncut' or 'ratio_association'); "
+                         "for kernel k-means use 'k-means++', 'random' or an array of labels.")
     if isinstance(gamma, str) and gamma == "search":  # the Off-the-grid search, then this fit at the best gamma
         call = {name: value for name, value in locals().items() if name not in ("X", "k", "gamma")}
         return _fit_with_search(X, k, fit_kwargs=call)
@@ -372,6 +408,10 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
         raise TypeError(f"result must be a KernelKMeansResult from kkmgpu.fit; got {type(result).__name__}.")
     if batch_size is not None:
         batch_size = _validation.check_int(batch_size, "batch_size", minimum=1)
+    if result._graph_state is not None:  # a graph objective: new points' affinities to the training points
+        backend = resolve_device(result.device)
+        with backend.activate():
+            return graphcut.predict(result, X_new, backend, batch_size)
     spec = result._spec
     if spec.name != "precomputed" and result._train_features is None:
         raise ValueError("this result keeps no training features, which predict compares new points with: it comes "

@@ -25,7 +25,8 @@ class KernelKMeansResult:
     labels : ndarray of shape (n_samples,)
         Cluster index of every point, NumPy int32 (a device array with ``keep_on_device=True``).
     objective : float
-        Kernel k-means objective of ``labels``: sum_i w_i ||phi(x_i) - m_{label_i}||^2.
+        Kernel k-means objective of ``labels``: sum_i w_i ||phi(x_i) - m_{label_i}||^2. With a graph objective
+        (``fit(objective="ncut")``) the normalized cut of ``labels``, or the negated ratio association.
     objective_history : ndarray of shape (n_iter + 1,) or shorter
         Objective of the initial partition, then after every assignment step that moved points
         (a final step in which no point moved adds no entry).
@@ -60,6 +61,8 @@ class KernelKMeansResult:
     stop_reason : str
         Why the best restart stopped ("no point moved", "relative objective change <= tol", the CATS
         variance rule, "max_iter").
+    objective_name : str
+        The objective minimised: "kernel_kmeans", "ncut" or "ratio_association" (``fit(objective=...)``).
     method_params : dict
         The resolved parameters of the method (for CATS: l, window, theta, rcond; for method="eigen":
         n_components, n_components_used, decomposition, n_negative_eigenvalues, negative_eigenvalue_mass,
@@ -85,6 +88,7 @@ class KernelKMeansResult:
     exact_objective: float | None = None
     stop_reason: str = ""
     method_params: dict = field(default_factory=dict)
+    objective_name: str = "kernel_kmeans"
     # what predict needs: training features (prepared, on the device), weights, and the cluster totals
     _spec: object = field(default=None, repr=False)
     _train_features: object = field(default=None, repr=False)
@@ -96,6 +100,7 @@ class KernelKMeansResult:
     _trim_state: object = field(default=None, repr=False)
     _eigen_state: object = field(default=None, repr=False)
     _approx_state: object = field(default=None, repr=False)
+    _graph_state: object = field(default=None, repr=False)
     #: the iterations ran on sample_weight / _weight_scale: cluster_sizes / _weight_scale matches _within
     _weight_scale: float = 1.0
 
@@ -123,7 +128,8 @@ class KernelKMeansResult:
         history = np.asarray(self.objective_history)
         ax.plot(np.arange(history.size), history, marker="o")
         ax.set_xlabel("iteration")
-        ax.set_ylabel("kernel k-means objective")
+        ax.set_ylabel({"ncut": "normalized cut", "ratio_association": "-ratio association"}.get(
+            self.objective_name, "kernel k-means objective"))
         ax.set_title(f"{self.kernel} kernel, k={self.n_clusters}, {self.device}")
         return ax
 

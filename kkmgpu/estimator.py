@@ -105,6 +105,10 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
     ``trim_*``: "trimmed"; ``n_landmarks``, ``landmarks``: "approx") are ignored by the other methods, with a ``UserWarning`` when set to
     anything but their default (:func:`kkmgpu.fit` raises instead).
 
+    ``objective="ncut"`` or ``"ratio_association"`` clusters the ``affinity`` graph with ``n_neighbors``
+    neighbours instead (see :func:`kkmgpu.fit`): ``inertia_`` is then the normalized cut (or the negated ratio
+    association) and ``predict`` places new points through their neighbours among the training points.
+
     Attributes
     ----------
     labels_ : ndarray of shape (n_samples,)
@@ -131,11 +135,12 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
     """
 
     def __init__(self, n_clusters=8, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None,
-                 method="exact", device="auto", dtype="float32", init="k-means++", n_init="auto",
+                 method="exact", device="auto", dtype="float32", init="auto", n_init="auto",
                  max_iter=300, tol=1e-6, random_state=None, verbose=False, update="auto",
                  n_samples_per_cluster=None, window=None, theta=None, rcond=None, exact_objective=False,
                  n_components=None, engine="auto", tf32=False, trim_vote_fraction=None, trim_slack=None,
-                 trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform", progress=False):
+                 trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform", objective="kernel_kmeans",
+                 affinity="knn", n_neighbors=10, graph_shift="auto", progress=False):
         self.n_clusters = n_clusters
         self.kernel = kernel
         self.gamma = gamma
@@ -167,11 +172,16 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         self.trim_max_size = trim_max_size
         self.n_landmarks = n_landmarks
         self.landmarks = landmarks
+        self.objective = objective
+        self.affinity = affinity
+        self.n_neighbors = n_neighbors
+        self.graph_shift = graph_shift
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         # tags are read on unvalidated parameters: an unknown kernel is fit's error to raise, not this one's
-        tags.input_tags.pairwise = isinstance(self.kernel, str) and self.kernel.lower() == "precomputed"
+        tags.input_tags.pairwise = (isinstance(self.kernel, str) and self.kernel.lower() == "precomputed") or (
+            self.objective in ("ncut", "ratio_association") and self.affinity == "precomputed")
         return tags
 
     def _check_X(self, X, reset):

@@ -1,7 +1,7 @@
 """Affinity graphs (kkmgpu/kernels/graphs.py) against scikit-learn's kneighbors_graph and a float64 reference.
 
-- the symmetric and mutual kNN graphs equal scikit-learn's connectivity graph G symmetrised as max(G, G^T) and
-  min(G, G^T), on both devices;
+- the symmetric and mutual kNN graphs equal scikit-learn's connectivity graph G symmetrised as (G + G^T) / 2
+  (SpectralClustering's affinity, without self-loops) and min(G, G^T), on both devices;
 - the self-tuning graph (Zelnik-Manor and Perona) equals exp(-d_ij^2 / (sigma_i sigma_j)) on the union of the
   neighbour lists, sigma_i the distance to the 7th neighbour, computed with scipy's cdist in float64;
 - no self-loops, symmetric, row tiles smaller than n give the same graph, duplicates are neighbours at distance 0,
@@ -41,7 +41,12 @@ def test_knn_graphs_equal_scikit_learns(device, kind, rng):
     backend = resolve_device(device)
     graph = affinity_graph(backend.asarray(X), 10, kind, backend)
     G = neighbors.kneighbors_graph(X, 10, include_self=False)
-    expected = (G.maximum(G.T) if kind == "knn" else G.minimum(G.T)).toarray()
+    expected = (0.5 * (G + G.T) if kind == "knn" else G.minimum(G.T)).toarray()
+    if kind == "mutual_knn":  # a point left without an edge keeps the one to its nearest neighbour
+        nearest = neighbors.NearestNeighbors(n_neighbors=2).fit(X).kneighbors(X, return_distance=False)[:, 1]
+        alone = np.flatnonzero(expected.sum(axis=1) == 0)
+        assert alone.size > 0  # the case is exercised
+        expected[alone, nearest[alone]] = expected[nearest[alone], alone] = 1.0
     got = dense(graph, backend)
     np.testing.assert_array_equal(got, expected)
     assert np.all(np.diag(got) == 0) and np.array_equal(got, got.T)
@@ -86,7 +91,7 @@ def test_prepared_float32_features(rng):
     got = affinity_graph(A, 8, "knn", backend).toarray()
     neighbors = pytest.importorskip("sklearn.neighbors")
     G = neighbors.kneighbors_graph(X, 8, include_self=False)
-    assert np.mean(got == G.maximum(G.T).toarray()) > 0.999  # float32 rounding may swap a tied 8th neighbour
+    assert np.mean(got == (0.5 * (G + G.T)).toarray()) > 0.999  # float32 rounding may swap a tied 8th neighbour
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -105,8 +105,8 @@ def _build_parser():
     _add_device_argument(fit)
     fit.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                      help="precision of the kernel matrix (default: float32)")
-    fit.add_argument("--init", choices=("k-means++", "random"), default="k-means++",
-                     help="initial partition (default: k-means++)")
+    fit.add_argument("--init", choices=("auto", "k-means++", "random", "spectral"), default="auto",
+                     help="initial partition (default: auto = spectral for a graph objective, else k-means++)")
     fit.add_argument("--n-init", type=int_or_auto, default="auto", metavar="N",
                      help='number of initialisations, best objective kept (default: "auto")')
     fit.add_argument("--max-iter", type=int, default=300, metavar="M",
@@ -121,6 +121,14 @@ def _build_parser():
                      help="approx: landmarks the centres are restricted to (default: min(n, max(1000, 20 K)))")
     fit.add_argument("--landmarks", choices=("uniform", "kmeans++"), default="uniform",
                      help="approx: how the landmarks are drawn (default: uniform)")
+    fit.add_argument("--objective", choices=("kernel_kmeans", "ncut", "ratio_association"), default="kernel_kmeans",
+                     help="what is minimised: kernel k-means (default), or the normalized cut / ratio association of "
+                          "a nearest-neighbour graph of the points (clusters of any shape; --kernel/--gamma unused)")
+    fit.add_argument("--affinity", choices=("knn", "mutual_knn", "self_tuning"), default="knn",
+                     help="ncut / ratio_association: the graph (default: knn, the symmetric kNN graph)")
+    fit.add_argument("--n-neighbors", type=int_or_search, default=10, metavar="N",
+                     help='ncut / ratio_association: neighbours per point, or "search" (lowest c-NNC of 5 ... 50; '
+                          "default: 10)")
     fit.add_argument("--samples-per-cluster", type=int, default=None, metavar="L",
                      help="cats: points sampled per cluster and iteration (default: ceil(sqrt(n / k)))")
     fit.add_argument("--labels-last-column", action="store_true",
@@ -174,6 +182,11 @@ def int_or_auto(text):
     return text if text == "auto" else int(text)
 
 
+def int_or_search(text):
+    """Parse --n-neighbors: an int, or the word "search"."""
+    return text if text == "search" else int(text)
+
+
 def _check_output_path(path):
     """Fail before the fit, not after it, when the labels could not be written to ``path``."""
     if path.is_dir():
@@ -206,6 +219,8 @@ def _run_fit(args):
         n_samples_per_cluster=args.samples_per_cluster, n_components=args.n_components,
         n_landmarks=args.n_landmarks, landmarks=args.landmarks,
         exact_objective=args.method == "cats" and X.shape[0] <= 50_000,
+        **({} if args.objective == "kernel_kmeans" else dict(objective=args.objective, affinity=args.affinity,
+                                                            n_neighbors=args.n_neighbors)),
     )
     labels = np.asarray(result.labels)
     if args.output is not None:
@@ -220,7 +235,14 @@ def _run_fit(args):
         ("method", result.method + (f" (l={result.method_params['l']}, stopped: {result.stop_reason})"
                                     if result.method == "cats" else "")),
         ("objective", format_number(result.objective) + {"cats": " (approximate distortion)",
-                                                         "approx": " (approximate objective)"}.get(result.method, "")),
+                                                         "approx": " (approximate objective)"}.get(result.method, "")
+         + {"ncut": " (normalized cut)", "ratio_association": " (minus the ratio association)"}.get(
+             result.objective_name, "")),
+        *([("graph", f"{result.method_params['affinity']}, {result.method_params['n_neighbors']} neighbours, "
+                     f"{result.method_params['nnz']} edges, {result.timings['graph']:.3f} s" + (
+                         f" (n_neighbors searched by c-NNC: best {result.method_params['cnnc']:.4f})"
+                         if "n_neighbors_search" in result.method_params else ""))]
+          if result.objective_name != "kernel_kmeans" else []),
         *([("landmarks", f"{result.method_params['n_landmarks']} ({result.method_params['landmarks']}), Nystrom "
                          f"features of rank {result.method_params['n_components_used']}, "
                          f"{result.method_params['memory_reduction']:.4f} of K")] if result.method == "approx" else []),

@@ -1,9 +1,10 @@
 """Affinity graphs on the device, in row tiles, kept in CSR (issue 17: normalized cut as weighted kernel k-means).
 
-- ``"knn"``: the symmetric k-nearest-neighbour graph, A_ij = 1 when j is among the n_neighbors nearest points of i
-  or i among those of j (the union; scikit-learn's ``SpectralClustering(affinity="nearest_neighbors")`` uses
-  the same graph, as 0.5 (G + G^T), whose entries are 1 on mutual pairs and 0.5 on one-sided ones);
-- ``"mutual_knn"``: A_ij = 1 when each is among the other's n_neighbors nearest (the intersection);
+- ``"knn"``: the symmetric k-nearest-neighbour graph A = (G + G^T) / 2, G_ij = 1 when j is among the n_neighbors
+  nearest points of i: 1 on mutual pairs, 1/2 on one-sided ones (scikit-learn's
+  ``SpectralClustering(affinity="nearest_neighbors")`` builds the same, with each point its own first neighbour);
+- ``"mutual_knn"``: A_ij = 1 when each is among the other's n_neighbors nearest (the intersection); a point left
+  without any edge keeps the one to its nearest neighbour (so that every degree is positive);
 - ``"self_tuning"``: the kNN graph with RBF weights and local scales (Zelnik-Manor and Perona, NIPS 2004),
   A_ij = exp(-||x_i - x_j||^2 / (sigma_i sigma_j)) on the union of the neighbour lists, sigma_i the distance of x_i
   to its ``scale_neighbor``-th nearest point (the paper's 7th).
@@ -15,6 +16,8 @@ kept pairs' distances are recomputed directly in float64. Ties at the n_neighbor
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from kkmgpu.backend.device import Backend
 from kkmgpu.kernels.blocks import tile_rows
@@ -62,6 +65,23 @@ def nearest_neighbors(A, n_neighbors: int, backend: Backend):
 def affinity_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR):
     """The ``kind`` affinity graph of the rows of A (prepared features on ``backend``) as a symmetric CSR matrix
     (scipy.sparse on the CPU, cupyx.scipy.sparse on a GPU), float64, no self-loops, explicit zeros removed."""
+    return build_graph(A, n_neighbors, kind, backend, scale_neighbor=scale_neighbor).graph
+
+
+@dataclass
+class Graph:
+    """An affinity graph and what extends it to new points (:func:`query_affinity`)."""
+
+    graph: object        # symmetric CSR, float64
+    kind: str
+    n_neighbors: int
+    radius_sq: object    # (n,) float64: squared distance of each point to its n_neighbors-th neighbour
+    sigma: object        # (n,) float64 local scales (self_tuning), else None
+    scale_neighbor: int
+
+
+def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR) -> Graph:
+    """:func:`affinity_graph` with the neighbour radii and local scales that :func:`query_affinity` needs."""
     from kkmgpu.engine.sparse import sparse_module, symmetrise
 
     if kind not in GRAPHS:
@@ -77,8 +97,8 @@ def affinity_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_ne
     index, sq = nearest_neighbors(A, reach, backend)
     rows = xp.repeat(xp.arange(n, dtype=xp.int64), n_neighbors)
     cols = index[:, :n_neighbors].ravel()
+    sigma = xp.sqrt(sq[:, scale_neighbor - 1]) if kind == "self_tuning" else None
     if kind == "self_tuning":
-        sigma = xp.sqrt(sq[:, scale_neighbor - 1])
         scale = sigma[rows] * sigma[cols]
         d2 = sq[:, :n_neighbors].ravel()
         # coincident scales of 0 (duplicates at the scale neighbour): the pair is at distance 0, weight 1
@@ -86,4 +106,60 @@ def affinity_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_ne
     else:
         data = xp.ones(rows.shape[0], dtype=xp.float64)
     G = sp.coo_matrix((data, (rows, cols)), shape=(n, n)).tocsr()
-    return symmetrise(G, backend, "minimum" if kind == "mutual_knn" else "maximum", f"the {kind} graph")
+    if kind == "knn":
+        graph = (G + G.T.tocsr()) * 0.5
+        graph = graph.tocsr()
+        graph.sort_indices()
+    else:
+        graph = symmetrise(G, backend, "minimum" if kind == "mutual_knn" else "maximum", f"the {kind} graph")
+    if kind == "mutual_knn":  # a point no other has among its nearest keeps the edge to its own nearest one
+        alone = xp.flatnonzero(xp.diff(graph.indptr) == 0)
+        if alone.shape[0]:
+            pairs = xp.concatenate([alone, index[alone, 0]]), xp.concatenate([index[alone, 0], alone])
+            extra = sp.coo_matrix((xp.ones(2 * alone.shape[0]), pairs), shape=(n, n)).tocsr()
+            graph = graph.maximum(extra.minimum(1.0)).tocsr()  # a pair found twice stays 1
+            graph.sort_indices()
+    return Graph(graph=graph, kind=kind, n_neighbors=n_neighbors, radius_sq=sq[:, n_neighbors - 1].copy(),
+                 sigma=sigma, scale_neighbor=scale_neighbor)
+
+
+def query_affinity(graph: Graph, A_train, Q, backend: Backend):
+    """(W, nearest): affinities of new points Q (prepared features) to the training points as ``graph`` would give
+    them, a CSR matrix (n_new, n_train) built in row tiles of Q, and each new point's nearest training point.
+
+    j is a neighbour of the new point q when it is among q's n_neighbors nearest training points, and q one of
+    j's when it is nearer than j's n_neighbors-th neighbour (``radius_sq``); the pair's weight follows
+    ``graph.kind`` as in :func:`build_graph` (knn: 1/2 per direction; mutual_knn: both; self_tuning: either, with
+    q's own scale its ``scale_neighbor``-th nearest training point). Distances of the GEMM form in the
+    features' precision.
+    """
+    from kkmgpu.engine.sparse import sparse_module
+
+    xp = backend.xp
+    n, m = A_train.shape[0], Q.shape[0]
+    a_sq = (A_train.astype(xp.float64) ** 2).sum(axis=1)
+    q_sq = (Q.astype(xp.float64) ** 2).sum(axis=1)
+    reach = max(graph.n_neighbors, graph.scale_neighbor) if graph.kind == "self_tuning" else graph.n_neighbors
+    reach = min(reach, n)
+    pieces, nearest = [], []
+    step = tile_rows(n, 3 * 8 + 2, backend=backend)
+    for i0 in range(0, m, step):
+        i1 = min(m, i0 + step)
+        D = xp.maximum(q_sq[i0:i1, None] + a_sq[None, :] - 2.0 * (Q[i0:i1] @ A_train.T).astype(xp.float64), 0.0)
+        part = xp.sort(xp.partition(D, reach - 1, axis=1)[:, :reach], axis=1) if reach < n else xp.sort(D, axis=1)
+        own = D <= part[:, graph.n_neighbors - 1:graph.n_neighbors]       # j among q's nearest
+        other = D < graph.radius_sq[None, :]                               # q among j's nearest
+        if graph.kind == "knn":
+            W = 0.5 * own + 0.5 * other
+        elif graph.kind == "mutual_knn":
+            W = (own & other).astype(xp.float64)
+        else:
+            sigma_q = xp.sqrt(part[:, graph.scale_neighbor - 1])
+            scale = sigma_q[:, None] * graph.sigma[None, :]
+            W = xp.where(own | other, xp.exp(-D / xp.where(scale > 0, scale, 1.0)), 0.0)
+            W = xp.where((own | other) & (scale == 0), (D == 0).astype(xp.float64), W)
+        pieces.append(sparse_module(backend).csr_matrix(W))
+        nearest.append(xp.argmin(D, axis=1))
+    W = sparse_module(backend).vstack(pieces).tocsr() if len(pieces) > 1 else pieces[0]
+    return W, xp.concatenate(nearest)
+
