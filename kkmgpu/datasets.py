@@ -20,6 +20,7 @@ __all__ = [
     "load_mnist_sample",
     "load_shape_set",
     "make_two_circles",
+    "make_two_spirals",
 ]
 
 SHAPE_SETS = ("aggregation", "compound", "flame", "jain", "r15")
@@ -302,6 +303,55 @@ def make_two_circles(n_samples=400, *, noise=0.05, factor=0.4, random_state=0):
         return _make_two_circles_numpy(n_samples, noise, factor, random_state)
     X, y = make_circles(n_samples=n_samples, noise=noise, factor=factor, random_state=random_state)
     return X.astype(np.float64, copy=False), y.astype(np.int64, copy=False)
+
+
+def make_two_spirals(n_samples=1000, *, noise=0.3, turns=1.0, random_state=0):
+    """Two interleaved spirals: no kernel bandwidth separates them, a nearest-neighbour graph does.
+
+    Arm one is t (cos t, sin t) for t in [2, 2 + 2 pi turns], drawn so that the points spread evenly along the
+    arm (t^2 uniform); arm two is its reflection through the origin; Gaussian noise of standard deviation
+    ``noise`` is added to every coordinate. The two arms are about pi apart everywhere (4 at their starts).
+
+    Parameters
+    ----------
+    n_samples : int, default 1000
+        Total number of points; each arm gets n_samples // 2 and the first arm the odd one.
+    noise : float, default 0.3
+        Standard deviation of the Gaussian noise, >= 0.
+    turns : float, default 1.0
+        Turns of each arm, > 0.
+    random_state : int or None, default 0
+        Seed of the positions, the noise and the shuffle.
+
+    Returns
+    -------
+    X : ndarray of shape (n_samples, 2), float64
+        The points, shuffled.
+    y : ndarray of shape (n_samples,), int64
+        The arm of every point, 0 or 1.
+
+    Examples
+    --------
+    >>> from kkmgpu.datasets import make_two_spirals
+    >>> X, y = make_two_spirals(1000, random_state=0)
+    >>> X.shape, sorted(set(y.tolist()))
+    ((1000, 2), [0, 1])
+    """
+    if n_samples < 2:
+        raise ValueError(f"n_samples={n_samples} should be >= 2.")
+    if not (noise >= 0 and np.isfinite(noise)):
+        raise ValueError(f"noise={noise} should be a finite number >= 0.")
+    if not (turns > 0 and np.isfinite(turns)):
+        raise ValueError(f"turns={turns} should be a finite number > 0.")
+    START = 2.0
+    rng = np.random.default_rng(random_state)
+    y = np.r_[np.zeros(n_samples - n_samples // 2, dtype=np.int64), np.ones(n_samples // 2, dtype=np.int64)]
+    end = START + 2.0 * np.pi * turns
+    t = np.sqrt(START ** 2 + (end ** 2 - START ** 2) * rng.random(n_samples))  # arc length ~ t^2 / 2: uniform
+    sign = np.where(y == 0, 1.0, -1.0)
+    X = sign[:, None] * np.c_[t * np.cos(t), t * np.sin(t)] + rng.normal(scale=noise, size=(n_samples, 2))
+    order = rng.permutation(n_samples)
+    return X[order], y[order]
 
 
 def _make_two_circles_numpy(n_samples, noise, factor, random_state):

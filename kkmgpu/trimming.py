@@ -40,7 +40,7 @@ import numpy as np
 from kkmgpu import _validation
 
 from kkmgpu.engine import sparse as _sparse
-from kkmgpu.backend.device import Backend, check_fits, resolve_device
+from kkmgpu.backend.device import Backend, resolve_device
 
 __all__ = ["TrimmedKernel", "trim_kernel_matrix", "size_scores", "sorted_row_derivative",
            "DEFAULT_VOTE_FRACTION", "DEFAULT_SLACK", "DEFAULT_H", "DEFAULT_MAX_SIZE"]

@@ -156,8 +156,6 @@ def degrees(A, backend):
 
 def psd_shift(A, d, objective, backend, rng) -> float:
     """The smallest sigma making K positive semi-definite, with a 1% margin (0 when it already is)."""
-    xp = backend.xp
-    sp = _sparse.sparse_module(backend)
     M = _normalized(A, d, backend) if objective == "ncut" else A
     n = A.shape[0]
     if n <= 2:
@@ -166,7 +164,6 @@ def psd_shift(A, d, objective, backend, rng) -> float:
         v0 = backend.asarray(rng.standard_normal(n))
         eigsh = _eigsh(backend)
         lam = float(eigsh(M, k=1, which="SA", v0=v0, tol=1e-6, return_eigenvectors=False)[0])
-    del sp
     return max(0.0, -lam) * 1.01
 
 
@@ -177,24 +174,30 @@ def _eigsh(backend):
     return eigsh
 
 
+def _diag(values, backend):
+    """diag(values) in CSR (built from its arrays: cupyx and SciPy alike)."""
+    xp = backend.xp
+    n = values.shape[0]
+    index = xp.arange(n + 1, dtype=xp.int32)
+    return _sparse.sparse_module(backend).csr_matrix((values.astype(xp.float64), index[:n], index), shape=(n, n))
+
+
 def _normalized(A, d, backend):
     """D^-1/2 A D^-1/2 in CSR."""
-    sp = _sparse.sparse_module(backend)
-    s = sp.diags(d ** -0.5)
+    s = _diag(d ** -0.5, backend)
     return (s @ A @ s).tocsr()
 
 
 def graph_kernel(A, d, objective, shift, backend):
     """(K, weights): K = shift D^-1 + D^-1 A D^-1 with weights d (ncut), or K = shift I + A with weights 1."""
     xp = backend.xp
-    sp = _sparse.sparse_module(backend)
     n = A.shape[0]
     if objective == "ncut":
-        inv = sp.diags(1.0 / d)
-        K = inv @ A @ inv + sp.diags(shift / d)
+        inv = _diag(1.0 / d, backend)
+        K = inv @ A @ inv + _diag(shift / d, backend)
         weights = d
     else:
-        K = A + sp.diags(xp.full(n, shift, dtype=xp.float64))
+        K = A + _diag(xp.full(n, shift, dtype=xp.float64), backend)
         weights = xp.ones(n, dtype=xp.float64)
     K = K.tocsr()
     K.sort_indices()
@@ -267,8 +270,6 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
 
     ``fit_exact``: kkmgpu.fit itself, for the sparse precomputed runs (and the linear k-means of the start).
     """
-    from kkmgpu._result import KernelKMeansResult  # noqa: F401  (the type of what fit_exact returns)
-
     t_start = time.perf_counter()
     rng = _validation.make_rng(random_state)
     backend = resolve_device(device, (X,))

@@ -48,3 +48,26 @@ def eigsh(a, k=6, *, which="LM", v0=None, ncv=None, maxiter=None, tol=0, return_
     if not return_eigenvectors:
         return _cp._from_host(_np.ascontiguousarray(w[order]))
     return _cp._from_host(_np.ascontiguousarray(w[order])), _cp._from_host(_np.ascontiguousarray(x[:, order]))
+
+
+def lobpcg(A, X, B=None, M=None, Y=None, tol=None, maxiter=None, largest=True, verbosityLevel=0,
+           retLambdaHistory=False, retResidualNormsHistory=False):
+    """LOBPCG as CuPy's (its signature; SciPy's underneath): ``A`` a device array or device sparse matrix, ``X``
+    a device array (n, k); eigenvalues and eigenvectors come back as device arrays, the histories as lists."""
+    if isinstance(A, _sparse.spmatrix):
+        host = A._sp
+    elif isinstance(A, _cp.ndarray):
+        host = A._host
+    else:
+        raise TypeError(f"Unsupported type {type(A)}: lobpcg takes a cupy.ndarray or a cupyx.scipy.sparse matrix")
+    if not isinstance(X, _cp.ndarray):
+        raise TypeError(f"Unsupported type {type(X)}: X must be a device array")
+    for name, operand in (("B", B), ("M", M), ("Y", Y)):
+        if operand is not None:
+            raise NotImplementedError(f"the stand-in's lobpcg takes no {name}")
+    out = _spla.lobpcg(host, X._host, tol=tol, maxiter=20 if maxiter is None else maxiter, largest=largest,
+                       verbosityLevel=verbosityLevel, retLambdaHistory=retLambdaHistory,
+                       retResidualNormsHistory=retResidualNormsHistory)
+    w, v = out[0], out[1]
+    result = [_cp._from_host(_np.ascontiguousarray(w)), _cp._from_host(_np.ascontiguousarray(v))]
+    return tuple(result + [list(h) for h in out[2:]]) if len(out) > 2 else tuple(result)

@@ -1,0 +1,212 @@
+"""Graph objectives (kkmgpu/methods/graphcut.py): normalized cut and ratio association as weighted kernel k-means.
+
+Against float64 references built from the dense affinity matrix (scipy's cdist, numpy's eigvalsh and the
+reference Lloyd iterations of tests/reference.py):
+
+- the reported objective is the normalized cut (or minus the ratio association) of the labels, computed from A
+  directly; every entry of the history is that of the partition the iterations held;
+- the Lloyd steps are those of weighted kernel k-means on K = sigma D^-1 + D^-1 A D^-1 with weights d (ncut) and
+  K = sigma I + A (ratio association): same labels and history as the reference from the same initial labels;
+- graph_shift="auto" makes K positive semi-definite, and the objective never rises then (random starts);
+- the spectral start separates two spirals and two moons that kernel k-means on an RBF kernel cannot;
+- predict equals the reference assignment of new points through their affinities to the training points;
+- a precomputed affinity gives the fit from X; n_neighbors="search" keeps the lowest c-NNC; bad input raises.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.spatial.distance import cdist
+
+import kkmgpu
+from kkmgpu.metrics import nmi
+from tests.reference import assign_new_points, reference_kernel_kmeans
+from tests.synthetic import blobs, random_partition
+
+
+def dense_knn(X, n_neighbors):
+    """The symmetric kNN affinity (G + G^T) / 2 of X in float64, from cdist."""
+    D = cdist(X, X, "sqeuclidean")
+    np.fill_diagonal(D, np.inf)
+    n = X.shape[0]
+    G = np.zeros((n, n))
+    order = np.argsort(D, axis=1, kind="stable")[:, :n_neighbors]
+    G[np.repeat(np.arange(n), n_neighbors), order.ravel()] = 1.0
+    return 0.5 * (G + G.T), D
+
+
+def reference_ncut(A, labels, k):
+    d = A.sum(axis=1)
+    return sum(1.0 - A[np.ix_(labels == c, labels == c)].sum() / d[labels == c].sum()
+               for c in range(k) if (labels == c).any())
+
+
+def reference_ratio_association(A, labels, k):
+    return sum(A[np.ix_(labels == c, labels == c)].sum() / (labels == c).sum() for c in range(k) if (labels == c).any())
+
+
+def graph_kernel(A, objective, shift):
+    d = A.sum(axis=1)
+    if objective == "ncut":
+        return shift / d * np.eye(A.shape[0]) + A / np.outer(d, d), d
+    return shift * np.eye(A.shape[0]) + A, np.ones(A.shape[0])
+
+
+@pytest.mark.parametrize("objective", ["ncut", "ratio_association"])
+def test_lloyd_steps_are_weighted_kernel_kmeans_on_the_graph_kernel(device, objective, rng):
+    X, _ = blobs(160, 3, 4, int(rng.integers(1 << 30)), spread=2.0)
+    A, _ = dense_knn(X, 8)
+    init = random_partition(160, 4, int(rng.integers(1 << 30)))
+    result = kkmgpu.fit(X, 4, objective=objective, n_neighbors=8, init=init, graph_shift=0.5, device=device,
+                        dtype="float64", tol=0)
+    K, w = graph_kernel(A, objective, 0.5)
+    ref = reference_kernel_kmeans(K, init, 4, sample_weight=w)
+    np.testing.assert_array_equal(result.labels, ref.labels)
+    assert result.n_iter == ref.n_iter
+    # the history is the objective of each partition held, in the objective's own units
+    units = [reference_ncut(A, lab, 4) if objective == "ncut" else -reference_ratio_association(A, lab, 4)
+             for lab in ref.history_labels]
+    np.testing.assert_allclose(result.objective_history, units, rtol=1e-9, atol=1e-9)
+    # and J = sigma (n - k) - k + ncut (ncut) / sigma (n - k) - ratio association: the paper's identity
+    offset = 0.5 * (160 - 4) - (4 if objective == "ncut" else 0)
+    np.testing.assert_allclose(np.asarray(units) + offset, ref.objective_history, rtol=1e-10)
+    assert result.objective == pytest.approx(units[-1], rel=1e-12, abs=1e-12)
+    assert result.objective_name == objective and result.objective == result.exact_objective
+
+
+@pytest.mark.parametrize("affinity", ["knn", "mutual_knn", "self_tuning"])
+@pytest.mark.parametrize("objective", ["ncut", "ratio_association"])
+def test_auto_shift_is_positive_semidefinite_and_the_objective_never_rises(affinity, objective, rng):
+    X, _ = blobs(150, 2, 3, int(rng.integers(1 << 30)), spread=1.5)
+    for seed in range(3):
+        result = kkmgpu.fit(X, 5, objective=objective, affinity=affinity, n_neighbors=6, init="random", n_init=1,
+                            random_state=seed, device="cpu", dtype="float64", tol=0)
+        history = np.asarray(result.objective_history)
+        assert np.all(np.diff(history) <= 1e-12 * np.abs(history[:-1]).max()), history
+    graph = kkmgpu.kernels.graphs.affinity_graph(np.asarray(X - X.mean(axis=0)), 6, affinity,
+                                                  kkmgpu.backend.device.resolve_device("cpu"))
+    K, _ = graph_kernel(graph.toarray(), objective, result.method_params["graph_shift"])
+    assert np.linalg.eigvalsh(K)[0] >= -1e-10
+
+
+def test_reported_objective_is_the_normalized_cut_of_the_labels(device, rng):
+    X, _ = blobs(200, 4, 3, int(rng.integers(1 << 30)))
+    result = kkmgpu.fit(X, 3, objective="ncut", n_neighbors=9, device=device, random_state=0)
+    A, _ = dense_knn(X, 9)
+    assert result.objective == pytest.approx(reference_ncut(A, np.asarray(result.labels), 3), rel=1e-9, abs=1e-12)
+    assert result.objective_history[-1] == pytest.approx(result.objective, rel=1e-4, abs=1e-6)  # float32 K
+    assert result.kernel == "graph:knn" and result.kernel_params == {"affinity": "knn", "n_neighbors": 9}
+    assert result.method_params["objective"] == "ncut" and result.method_params["init"] == "spectral"
+
+
+@pytest.mark.parametrize("maker", ["spirals", "moons"])
+def test_spectral_start_separates_shapes_that_an_rbf_kernel_cannot(device, maker):
+    if maker == "spirals":
+        X, y = kkmgpu.datasets.make_two_spirals(800, random_state=1)
+    else:
+        datasets = pytest.importorskip("sklearn.datasets")
+        X, y = datasets.make_moons(800, noise=0.06, random_state=1)
+    graph = kkmgpu.fit(X, 2, objective="ncut", device=device, random_state=0)
+    rbf = kkmgpu.fit(X, 2, device=device, random_state=0, n_init=10)
+    assert nmi(y, graph.labels) > 0.9 > 0.5 > nmi(y, rbf.labels)
+    kpp = kkmgpu.fit(X, 2, objective="ncut", init="k-means++", n_init=3, device=device, random_state=0)
+    assert graph.objective < kpp.objective  # the documented reason for the default start
+
+
+def test_precomputed_affinity_gives_the_fit_from_X(rng):
+    X, _ = blobs(180, 3, 3, int(rng.integers(1 << 30)))
+    from_X = kkmgpu.fit(X, 3, objective="ncut", n_neighbors=7, device="cpu", dtype="float64", random_state=4)
+    A, _ = dense_knn(X, 7)
+    for given in (A, sp.csr_matrix(A)):
+        pre = kkmgpu.fit(given, 3, objective="ncut", affinity="precomputed", device="cpu", dtype="float64",
+                         random_state=4)
+        np.testing.assert_array_equal(pre.labels, from_X.labels)
+        assert pre.objective == pytest.approx(from_X.objective, rel=1e-12)
+    with pytest.raises(ValueError, match="precomputed affinity matrix; predict needs the training features"):
+        kkmgpu.predict(pre, X[:3])
+
+
+def test_predict_places_new_points_through_their_training_neighbours(device, rng):
+    X, _ = blobs(240, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    X_new = X[:40] + rng.normal(scale=0.3, size=(40, 2))
+    result = kkmgpu.fit(X, 3, objective="ncut", n_neighbors=8, device=device, dtype="float64", random_state=1)
+    A, D = dense_knn(X, 8)
+    d = A.sum(axis=1)
+    radius = np.sort(D, axis=1)[:, 7]
+    D_new = cdist(X_new, X, "sqeuclidean")
+    own = D_new <= np.sort(D_new, axis=1)[:, 7:8]
+    W = 0.5 * own + 0.5 * (D_new < radius[None, :])
+    shift = result.method_params["graph_shift"]
+    K, _ = graph_kernel(A, "ncut", shift)
+    expected = assign_new_points(W / np.outer(W.sum(axis=1), d), K, result.labels, 3, sample_weight=d)
+    np.testing.assert_array_equal(kkmgpu.predict(result, X_new), expected)
+
+
+def test_mutual_and_self_tuning_predict_agree_with_the_fit_on_training_points(rng):
+    X, y = kkmgpu.datasets.make_two_spirals(600, random_state=2)
+    for affinity in ("mutual_knn", "self_tuning"):
+        result = kkmgpu.fit(X, 2, objective="ncut", affinity=affinity, device="cpu", random_state=0)
+        moved = X + rng.normal(scale=0.01, size=X.shape)
+        assert np.mean(kkmgpu.predict(result, moved) == result.labels) > 0.97
+
+
+def test_neighbour_search_keeps_the_lowest_cnnc(rng):
+    X, y = blobs(150, 2, 3, int(rng.integers(1 << 30)), spread=3.0)
+    result = kkmgpu.fit(X, 3, objective="ncut", n_neighbors="search", device="cpu", random_state=0)
+    rows = result.method_params["n_neighbors_search"]
+    assert [r[0] for r in rows] == [5, 7, 10, 15, 20, 30, 50]
+    best = min(rows, key=lambda r: r[1])
+    assert result.method_params["n_neighbors"] == best[0] and result.method_params["cnnc"] == best[1]
+    assert kkmgpu.metrics.cnnc(X, result.labels, 3, device="cpu") == pytest.approx(best[1], rel=1e-12)
+
+
+def test_estimator_and_cli(tmp_path, capsys):
+    X, y = kkmgpu.datasets.make_two_spirals(500, random_state=3)
+    model = kkmgpu.KernelKMeans(2, objective="ncut", n_neighbors=10, device="cpu", random_state=0).fit(X)
+    assert nmi(y, model.labels_) > 0.9 and model.inertia_ == model.result_.objective
+    np.testing.assert_array_equal(model.predict(X[:50] + 1e-3), model.labels_[:50])
+    path = tmp_path / "spirals.csv"
+    np.savetxt(path, np.c_[X, y], delimiter=",")
+    from kkmgpu.__main__ import main
+
+    assert main(["fit", str(path), "-k", "2", "--objective", "ncut", "--affinity", "knn", "--n-neighbors", "10",
+                 "--labels-last-column", "--device", "cpu", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "(normalized cut)" in out and "knn, 10 neighbours" in out
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(objective="cut"), "objective='cut' is not one of 'kernel_kmeans', 'ncut', 'ratio_association'"),
+    (dict(objective="ncut", affinity="rbf"), "affinity='rbf' is not one of"),
+    (dict(objective="ncut", n_neighbors=0), "n_neighbors=0 must be >= 1"),
+    (dict(objective="ncut", n_neighbors=40), "n_neighbors=40 must be between 1 and n_samples - 1 = 29"),
+    (dict(objective="ncut", n_neighbors="many"), "n_neighbors='many' must be an integer or 'search'"),
+    (dict(objective="ncut", graph_shift=-1.0), "graph_shift=-1.0 must be 'auto' or a finite number >= 0"),
+    (dict(objective="ncut", kernel="linear"), "leave kernel and gamma at their defaults"),
+    (dict(objective="ncut", gamma=2.0), "leave kernel and gamma at their defaults"),
+    (dict(objective="ncut", method="cats"), "method='exact'; got method='cats'"),
+    (dict(objective="ncut", sample_weight=np.ones(30)), "sample_weight does not apply to the graph objectives"),
+    (dict(objective="ncut", init="sideways"), "init='sideways' is not valid"),
+    (dict(init="spectral"), "init='spectral' starts the graph objectives"),
+    (dict(n_neighbors=5), "affinity, n_neighbors and graph_shift belong to the graph objectives"),
+])
+def test_bad_arguments_name_the_value_and_the_rule(kwargs, match):
+    X = np.random.default_rng(0).normal(size=(30, 2))
+    with pytest.raises(ValueError, match=match):
+        kkmgpu.fit(X, 2, device="cpu", **kwargs)
+
+
+def test_bad_precomputed_affinities():
+    A = np.ones((6, 6)) - np.eye(6)
+    bad = A.copy()
+    bad[0, 1] = -1.0
+    with pytest.raises(ValueError, match="negative entry"):
+        kkmgpu.fit(bad, 2, objective="ncut", affinity="precomputed", device="cpu")
+    bad = A.copy()
+    bad[0, 1] = 3.0
+    with pytest.raises(ValueError, match="symmetric"):
+        kkmgpu.fit(bad, 2, objective="ncut", affinity="precomputed", device="cpu")
+    lonely = A.copy()
+    lonely[0, :] = lonely[:, 0] = 0.0
+    with pytest.raises(ValueError, match="1 point\\(s\\) have no edge"):
+        kkmgpu.fit(lonely, 2, objective="ncut", affinity="precomputed", device="cpu")
