@@ -25,6 +25,10 @@
 #   bash bench/gpu_session.sh frontier   # GPU: the large-n frontier (bench_frontier.py): every method at n = 70,000,
 #                                        #      then CATS, approx, the tiled engine and MiniBatchKMeans at n = 1,000,000
 #                                        #      (MNIST repeated with pixel noise) -> <date>-<gpu>-frontier.json/png
+#   bash bench/gpu_session.sh graphs     # GPU: objective="ncut" (bench_graphs.py): the quality sets with the
+#                                        #      spectral start on the GPU (1 seed), then graph + clustering of MNIST
+#                                        #      at 70,000 (and scikit-learn on the host's cores) and at 1,000,000
+#                                        #      -> <date>-<gpu>-graphs.json
 #   bash bench/gpu_session.sh all SECONDS  # the phases above in that order, each only if its time limit still fits
 #                                        #      in what is left of SECONDS (e.g. `all 590` in one device call;
 #                                        #      `all 1800` on a workstation); says which were left out
@@ -49,7 +53,7 @@ if [ "$phase" = prepare ]; then
 fi
 
 #: the phases in the order `all` runs them, each with its worst case in seconds (the sum of its steps' limits)
-PHASES="tests:540 engine:560 sanitize:560 scale:450 big:420 quality:560 trimming:560 catssolve:300 frontier:580"
+PHASES="tests:540 engine:560 sanitize:560 scale:450 big:420 quality:560 trimming:560 catssolve:300 frontier:580 graphs:580"
 
 if [ "$phase" = all ]; then
     budget=${2:-}
@@ -150,6 +154,13 @@ frontier)
         --case-timeout 120
     step 290 frontier-1m python bench/bench_frontier.py run --device cuda --n 1000000 --seeds 0 \
         --methods cats approx tiled minibatch --approx-m 1000 2000 4000 --tiled-iters 1 --case-timeout 150
+    ;;
+graphs)
+    step 150 graphs-quality python bench/bench_graphs.py quality --device cuda --seeds 0 \
+        --contestants ncut ncut_kmeanspp ratio_association
+    step 130 graphs-70k python bench/bench_graphs.py speed --device cuda --n 70000 --timeout 120
+    step 290 graphs-1m python bench/bench_graphs.py speed --device cuda --n 1000000 --contestants kkmgpu \
+        --timeout 280
     ;;
 catssolve)
     step 280 cats-solve env KKMGPU_BENCH_DEVICES=cuda python -m pytest bench/bench_cats.py -k coefficient_solve \

@@ -283,8 +283,8 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
             Xd = _validation.check_data(X, backend)
             n = Xd.shape[0]
             ct = np.float64 if _validation.check_dtype(dtype) == np.float64 else np.float32
-            center = Xd.astype(xp.float64).mean(axis=0)
-            features = (Xd.astype(xp.float64) - center).astype(ct)
+            center = Xd.mean(axis=0, dtype=xp.float64)   # centred: GEMM-form distances lose less to rounding
+            features = Xd.astype(ct) - center.astype(ct)
             state_graph = _graphs.build_graph(features, n_neighbors, affinity, backend)
             A = state_graph.graph
         k = _validation.check_k(k, n)
@@ -392,7 +392,7 @@ def predict(result, X_new, backend, batch_size=None):
     if X_new.shape[1] != state.features.shape[1]:
         raise ValueError(f"X_new has {X_new.shape[1]} features but the model was fit on "
                          f"{state.features.shape[1]}.")
-    Q = (X_new.astype(xp.float64) - state.center).astype(state.features.dtype)
+    Q = X_new.astype(state.features.dtype) - state.center.astype(state.features.dtype)  # as the training features
     W, nearest = _graphs.query_affinity(state.graph, state.features, Q, backend)
     labels = backend.asarray(result._train_labels).astype(xp.int64)
     k = result.n_clusters

@@ -1,0 +1,243 @@
+"""Graph objectives (fit(objective="ncut")) against scikit-learn's SpectralClustering: quality and speed.
+
+    python bench/bench_graphs.py quality [--seeds 0 1 2 3 4] [--sets aggregation ... spirals] [--device cpu]
+    python bench/bench_graphs.py speed [--n 70000] [--n-neighbors 10] [--timeout 3000] [--device cpu]
+    python bench/bench_graphs.py plot   # the spirals picture of docs/graphs.md
+
+``quality``: on the shape sets (aggregation, compound, flame, jain, r15; standardised), two moons
+(scikit-learn's make_moons(1000, noise=0.08)), two spirals (kkmgpu.datasets.make_two_spirals(1000)), WiFi, Wine
+(standardised), digits (/ 16) and MNIST samples of 2,000 and 5,000 (/ 255), with every seed:
+
+- ``sklearn``: ``SpectralClustering(k, affinity="nearest_neighbors", n_neighbors=10, random_state=seed)``
+  (its defaults: arpack, assign_labels="kmeans", n_init=10);
+- ``ncut``: ``kkmgpu.fit(X, k, objective="ncut", n_neighbors=10, random_state=seed)`` (spectral start, n_init 10);
+- ``ncut_kmeanspp``: the same from k-means++ starts in the graph kernel's feature space (n_init 10);
+- ``ncut_search``: ``n_neighbors="search"`` (lowest c-NNC of 5 ... 50);
+- ``ratio_association``: ``objective="ratio_association"``;
+- ``rbf``: plain kernel k-means, RBF gamma="scale", n_init 10 (what the graph objectives are for).
+
+NMI against the labels, seconds; the table of means is printed (markdown) and the cases merge into
+``bench/results/<date>-<device>-graphs.json``.
+
+``speed``: MNIST n = ``--n`` (pixels / 255; above 70,000 MNIST repeated with pixel noise 0.05), one run each
+in a child process with a time limit: kkmgpu ncut (graph construction + spectral start + iterations) and
+scikit-learn's SpectralClustering with the same number of neighbours, eigen_solver "arpack" and, when pyamg is
+installed, "amg". Wall time, NMI and peak resident memory; a contestant past ``--timeout`` is recorded as such
+(its time a lower bound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import kkmgpu  # noqa: E402
+from kkmgpu.metrics import nmi  # noqa: E402
+
+SCHEMA = "kkmgpu-bench-graphs/1"
+SETS = ("aggregation", "compound", "flame", "jain", "r15", "moons", "spirals", "wifi", "wine", "digits",
+        "mnist-2000", "mnist-5000")
+CONTESTANTS = ("sklearn", "ncut", "ncut_kmeanspp", "ncut_search", "ratio_association", "rbf")
+N_NEIGHBORS = 10
+
+
+def Run(device, argv):
+    from _kkmgpu_bench import ScriptRun
+
+    return ScriptRun(device, argv, script="bench/bench_graphs.py", topic="graphs", schema=SCHEMA)
+
+
+def load_set(name):
+    if name == "moons":
+        from sklearn.datasets import make_moons
+
+        X, y = make_moons(1000, noise=0.08, random_state=0)
+        return X, y, 2
+    if name == "spirals":
+        X, y = kkmgpu.datasets.make_two_spirals(1000, random_state=0)
+        return X, y, 2
+    from kkmgpu.compare.data import load_dataset
+
+    data = load_dataset(name)
+    return np.asarray(data.X, dtype=np.float64), np.asarray(data.y), data.k
+
+
+def contestant(name, X, k, seed, device):
+    if name == "sklearn":
+        import warnings
+
+        from sklearn.cluster import SpectralClustering
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Graph is not fully connected"
+            return SpectralClustering(k, affinity="nearest_neighbors", n_neighbors=N_NEIGHBORS,
+                                      random_state=seed).fit(X).labels_
+    common = dict(device=device, random_state=seed)
+    if name == "ncut":
+        return kkmgpu.fit(X, k, objective="ncut", n_neighbors=N_NEIGHBORS, **common).labels
+    if name == "ncut_kmeanspp":
+        return kkmgpu.fit(X, k, objective="ncut", n_neighbors=N_NEIGHBORS, init="k-means++", n_init=10,
+                          **common).labels
+    if name == "ncut_search":
+        return kkmgpu.fit(X, k, objective="ncut", n_neighbors="search", **common)
+    if name == "ratio_association":
+        return kkmgpu.fit(X, k, objective="ratio_association", n_neighbors=N_NEIGHBORS, **common).labels
+    return kkmgpu.fit(X, k, n_init=10, **common).labels
+
+
+def quality(args):
+    run = Run(args.device, sys.argv[1:])
+    means = {}
+    for name in args.sets:
+        X, y, k = load_set(name)
+        print(f"{name}: n={X.shape[0]}, d={X.shape[1]}, k={k}", flush=True)
+        for who in args.contestants:
+            scores, seconds, extra = [], [], {}
+            for seed in args.seeds:
+                t0 = time.perf_counter()
+                out = contestant(who, X, k, seed, args.device)
+                took = time.perf_counter() - t0
+                if who == "ncut_search":
+                    extra = {"n_neighbors": out.method_params["n_neighbors"], "cnnc": out.method_params["cnnc"]}
+                    out = out.labels
+                score = nmi(y, np.asarray(out))
+                scores.append(score)
+                seconds.append(took)
+                run.add({"id": f"quality-{name}-{who}-seed{seed}", "kind": "quality", "set": name, "n": X.shape[0],
+                         "k": k, "contestant": who, "seed": seed, "nmi": score, "seconds": took, **extra})
+            means[name, who] = (statistics.fmean(scores), statistics.fmean(seconds))
+            print(f"  {who:18s} NMI {means[name, who][0]:.3f}  {means[name, who][1]:.2f} s", flush=True)
+    print_table(means, args.sets, args.contestants)
+
+
+def print_table(means, sets, contestants):
+    print("\n| set | " + " | ".join(contestants) + " |")
+    print("|---|" + "---|" * len(contestants))
+    for name in sets:
+        print(f"| {name} | " + " | ".join(f"{means[name, c][0]:.3f}" for c in contestants) + " |")
+    print("| **mean** | " + " | ".join(f"**{statistics.fmean(means[s, c][0] for s in sets):.3f}**"
+                                      for c in contestants) + " |")
+
+
+def load_mnist(n, noise=0.05, seed=0):
+    X, y = kkmgpu.datasets.load_mnist()
+    X = (X / 255.0).astype(np.float32)
+    if n <= X.shape[0]:
+        pick = np.random.default_rng(seed).permutation(X.shape[0])[:n] if n < X.shape[0] else slice(None)
+        return X[pick], y[pick]
+    reps = -(-n // X.shape[0])
+    rng = np.random.default_rng(seed)
+    Xs = np.concatenate([X if r == 0 else X + rng.normal(scale=noise, size=X.shape).astype(np.float32)
+                         for r in range(reps)])[:n]
+    return Xs, np.tile(y, reps)[:n]
+
+
+def child(args):
+    X, y = load_mnist(args.n)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    t0 = time.perf_counter()
+    timings = {}
+    if args.who == "kkmgpu":
+        result = kkmgpu.fit(X, 10, objective="ncut", n_neighbors=args.n_neighbors, device=args.device,
+                            random_state=0)
+        labels, timings = np.asarray(result.labels), result.timings
+    else:
+        from sklearn.cluster import SpectralClustering
+
+        solver = args.who.split("-", 1)[1]
+        labels = SpectralClustering(10, affinity="nearest_neighbors", n_neighbors=args.n_neighbors,
+                                    eigen_solver=solver, random_state=0, n_jobs=-1).fit(X).labels_
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(json.dumps({"seconds": seconds, "nmi": nmi(y, labels), "peak_rss_gib": peak, "data_rss_gib": base,
+                      "timings": timings}))
+
+
+def speed(args):
+    run = Run(args.device, sys.argv[1:])
+    contestants = list(args.contestants)
+    try:
+        import pyamg  # noqa: F401
+    except ImportError:
+        if "sklearn-amg" in contestants:
+            print("pyamg is not installed: SpectralClustering(eigen_solver='amg') not measured")
+            contestants.remove("sklearn-amg")
+    print(f"MNIST n={args.n}, {args.n_neighbors} neighbours, k=10, device {args.device}")
+    for who in contestants:
+        command = [sys.executable, __file__, "child", "--who", who, "--n", str(args.n), "--n-neighbors",
+                   str(args.n_neighbors), "--device", args.device if who == "kkmgpu" else "cpu"]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+            measured = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {
+                "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+        except subprocess.TimeoutExpired:
+            measured = {"timed_out": True, "seconds_at_least": args.timeout}
+        measured["wall_with_load_seconds"] = time.perf_counter() - t0
+        case = run.add({"id": f"speed-n{args.n}-k{args.n_neighbors}-{who}-{args.device if who == 'kkmgpu' else 'cpu'}",
+                        "kind": "speed", "n": args.n, "n_neighbors": args.n_neighbors, "contestant": who, **measured})
+        print(f"  {who:16s} {json.dumps({k: v for k, v in case.items() if k not in ('id', 'run_id')})}", flush=True)
+
+
+def plot(args):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    X, y = kkmgpu.datasets.make_two_spirals(1000, random_state=0)
+    rbf = kkmgpu.fit(X, 2, gamma="search", device="cpu", random_state=0)
+    ncut = kkmgpu.fit(X, 2, objective="ncut", device="cpu", random_state=0)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
+    for ax, result, title in ((axes[0], rbf, "kernel k-means, RBF, gamma='search'"),
+                              (axes[1], ncut, "objective='ncut', 10 neighbours")):
+        ax.scatter(X[:, 0], X[:, 1], c=np.asarray(result.labels), s=6, cmap="coolwarm")
+        ax.set_title(f"{title}\nNMI {nmi(y, result.labels):.2f}", fontsize=10)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.tight_layout()
+    out = Path(args.out)
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    q = sub.add_parser("quality")
+    q.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    q.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    q.add_argument("--contestants", nargs="+", default=list(CONTESTANTS), choices=CONTESTANTS)
+    q.add_argument("--device", default="cpu")
+    s = sub.add_parser("speed")
+    s.add_argument("--n", type=int, default=70_000)
+    s.add_argument("--n-neighbors", type=int, default=N_NEIGHBORS)
+    s.add_argument("--timeout", type=float, default=3000)
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--contestants", nargs="+", default=["kkmgpu", "sklearn-arpack", "sklearn-amg"],
+                   choices=("kkmgpu", "sklearn-arpack", "sklearn-amg"))
+    c = sub.add_parser("child")
+    c.add_argument("--who", required=True)
+    c.add_argument("--n", type=int, required=True)
+    c.add_argument("--n-neighbors", type=int, required=True)
+    c.add_argument("--device", default="cpu")
+    p = sub.add_parser("plot")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "images" / "spirals-ncut.png"))
+    args = parser.parse_args(argv)
+    {"quality": quality, "speed": speed, "child": child, "plot": plot}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
