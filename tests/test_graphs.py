@@ -70,6 +70,47 @@ def test_tiles_smaller_than_n_give_the_same_graph(monkeypatch, rng):
     np.testing.assert_array_equal(affinity_graph(backend.asarray(X), 5, "self_tuning", backend).toarray(), whole)
 
 
+@pytest.mark.parametrize("block", [1, 7, 64, 2048])
+def test_cpu_block_search_equals_the_float64_reference(block, rng):
+    """The CPU search over blocks on and above the diagonal (each product serving its rows and its columns) finds
+    the same neighbours as a float64 cdist, for blocks of one row, blocks that do not divide n, and one block."""
+    from kkmgpu.kernels.knn_cpu import nearest_neighbors_cpu
+
+    X = rng.normal(size=(203, 4))
+    D = cdist(X, X, "sqeuclidean")
+    np.fill_diagonal(D, np.inf)
+    expected = np.sort(np.argsort(D, axis=1)[:, :9], axis=1)
+    np.testing.assert_array_equal(np.sort(nearest_neighbors_cpu(X, 9, block=block), axis=1), expected)
+
+
+def test_cpu_block_search_equals_the_row_tile_route(rng):
+    """The CPU twin and the GPU route (row tiles of GEMM-form distances, argpartition; run here with NumPy) keep
+    the same neighbours of float32 features."""
+    from kkmgpu.kernels.graphs import _nearest_neighbors_gpu
+    from kkmgpu.kernels.knn_cpu import nearest_neighbors_cpu
+
+    A = rng.normal(size=(500, 12)).astype(np.float32)
+    backend = resolve_device("cpu")
+    np.testing.assert_array_equal(np.sort(nearest_neighbors_cpu(A, 15, block=96), axis=1),
+                                  np.sort(_nearest_neighbors_gpu(A, 15, backend), axis=1))
+
+
+@pytest.mark.parametrize("kind", ["knn", "mutual_knn", "self_tuning"])
+def test_graph_from_a_longer_neighbour_list_is_the_same(kind, rng):
+    """n_neighbors='search' searches once for its largest value: a graph built from the first n_neighbors of a
+    longer list equals the graph built from its own search."""
+    from kkmgpu.kernels.graphs import build_graph
+
+    A = rng.normal(size=(300, 5))
+    backend = resolve_device("cpu")
+    longer = nearest_neighbors(A, 30, backend)
+    for n_neighbors in (3, 10, 30):
+        np.testing.assert_array_equal(build_graph(A, n_neighbors, kind, backend, neighbors=longer).graph.toarray(),
+                                      affinity_graph(A, n_neighbors, kind, backend).toarray())
+    with pytest.raises(ValueError, match="do not hold the 31 nearest of 300 points"):
+        build_graph(A, 31, kind, backend, neighbors=longer)
+
+
 def test_nearest_neighbors_sorted_and_duplicates_at_zero():
     X = np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [3.0, 0.0], [7.0, 0.0]])
     backend = resolve_device("cpu")

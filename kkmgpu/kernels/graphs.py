@@ -37,6 +37,27 @@ def nearest_neighbors(A, n_neighbors: int, backend: Backend):
     n = A.shape[0]
     if not 1 <= n_neighbors <= n - 1:
         raise ValueError(f"n_neighbors={n_neighbors} must be between 1 and n_samples - 1 = {n - 1}.")
+    if backend.is_gpu:
+        index = _nearest_neighbors_gpu(A, n_neighbors, backend)
+    else:
+        from kkmgpu.kernels.knn_cpu import nearest_neighbors_cpu
+
+        index = nearest_neighbors_cpu(A, n_neighbors)
+    # exact squared distances of the kept pairs, then each row's neighbours nearest first
+    sq = xp.empty((n, n_neighbors), dtype=xp.float64)
+    chunk = tile_rows(n_neighbors * A.shape[1], 16, backend=backend)
+    for i0 in range(0, n, chunk):
+        i1 = min(n, i0 + chunk)
+        diff = A[i0:i1, None, :].astype(xp.float64) - A[index[i0:i1]].astype(xp.float64)
+        sq[i0:i1] = (diff * diff).sum(axis=2)
+    order = xp.argsort(sq, axis=1)
+    return xp.take_along_axis(index, order, axis=1), xp.take_along_axis(sq, order, axis=1)
+
+
+def _nearest_neighbors_gpu(A, n_neighbors: int, backend: Backend):
+    # one row tile of GEMM-form squared distances at a time, each row's n_neighbors least by argpartition
+    xp = backend.xp
+    n = A.shape[0]
     a_sq = (A.astype(xp.float64) ** 2).sum(axis=1).astype(A.dtype)
     index = xp.empty((n, n_neighbors), dtype=xp.int64)
     step = tile_rows(n, 2 * A.dtype.itemsize + 8, backend=backend)
@@ -50,16 +71,7 @@ def nearest_neighbors(A, n_neighbors: int, backend: Backend):
         else:
             part = xp.argsort(D, axis=1)[:, :n_neighbors]
         index[i0:i1] = part
-    # exact squared distances of the kept pairs, then each row's neighbours nearest first
-    sq = xp.empty((n, n_neighbors), dtype=xp.float64)
-    A64 = A.astype(xp.float64)
-    chunk = max(1, step // max(1, n_neighbors))
-    for i0 in range(0, n, chunk):
-        i1 = min(n, i0 + chunk)
-        diff = A64[i0:i1, None, :] - A64[index[i0:i1]]
-        sq[i0:i1] = (diff * diff).sum(axis=2)
-    order = xp.argsort(sq, axis=1)
-    return xp.take_along_axis(index, order, axis=1), xp.take_along_axis(sq, order, axis=1)
+    return index
 
 
 def affinity_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR):
@@ -80,8 +92,12 @@ class Graph:
     scale_neighbor: int
 
 
-def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR) -> Graph:
-    """:func:`affinity_graph` with the neighbour radii and local scales that :func:`query_affinity` needs."""
+def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR,
+                neighbors=None) -> Graph:
+    """:func:`affinity_graph` with the neighbour radii and local scales that :func:`query_affinity` needs.
+
+    ``neighbors``: (index, sq_dist) of :func:`nearest_neighbors` on the same A with at least the reach this graph
+    needs (nearest first), so that graphs of several ``n_neighbors`` share one search."""
     from kkmgpu.engine.sparse import sparse_module, symmetrise
 
     if kind not in GRAPHS:
@@ -94,7 +110,13 @@ def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neigh
     reach = max(n_neighbors, scale_neighbor) if kind == "self_tuning" else n_neighbors
     if kind == "self_tuning" and not 1 <= scale_neighbor <= n - 1:
         raise ValueError(f"scale_neighbor={scale_neighbor} must be between 1 and n_samples - 1 = {n - 1}.")
-    index, sq = nearest_neighbors(A, reach, backend)
+    if neighbors is None:
+        index, sq = nearest_neighbors(A, reach, backend)
+    else:
+        index, sq = neighbors
+        if index.shape != (n, index.shape[1]) or index.shape[1] < reach:
+            raise ValueError(f"neighbors of shape {index.shape} do not hold the {reach} nearest of {n} points.")
+        index, sq = index[:, :reach], sq[:, :reach]
     rows = xp.repeat(xp.arange(n, dtype=xp.int64), n_neighbors)
     cols = index[:, :n_neighbors].ravel()
     sigma = xp.sqrt(sq[:, scale_neighbor - 1]) if kind == "self_tuning" else None

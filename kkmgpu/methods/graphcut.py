@@ -264,17 +264,26 @@ def _scipy_lobpcg():
 
 # --- fit -------------------------------------------------------------------------------------------------------
 
+def graph_features(Xd, dtype, backend):
+    """(center, features): X centred (GEMM-form distances lose less to rounding) in the compute precision."""
+    xp = backend.xp
+    ct = np.float64 if _validation.check_dtype(dtype) == np.float64 else np.float32
+    center = Xd.mean(axis=0, dtype=xp.float64)
+    return center, Xd.astype(ct) - center.astype(ct)
+
+
 def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, init, n_init, max_iter, tol,
-        random_state, verbose, keep_on_device, progress, fit_exact):
+        random_state, verbose, keep_on_device, progress, fit_exact, neighbors=None):
     """:func:`kkmgpu.fit` with a graph objective (arguments already checked by ``fit`` as far as it could).
 
     ``fit_exact``: kkmgpu.fit itself, for the sparse precomputed runs (and the linear k-means of the start).
+    ``neighbors``: (index, sq_dist) of :func:`kkmgpu.kernels.graphs.nearest_neighbors` on the same features with
+    at least the reach the graph needs, found once by :func:`search_neighbors` for all its fits.
     """
     t_start = time.perf_counter()
     rng = _validation.make_rng(random_state)
     backend = resolve_device(device, (X,))
     with memory_situation(dtype=_validation.check_dtype(dtype)), backend.activate():
-        xp = backend.xp
         state_graph, features, center = None, None, None
         if affinity == "precomputed":
             A = _check_affinity_matrix(X, backend)
@@ -282,10 +291,8 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
         else:
             Xd = _validation.check_data(X, backend)
             n = Xd.shape[0]
-            ct = np.float64 if _validation.check_dtype(dtype) == np.float64 else np.float32
-            center = Xd.mean(axis=0, dtype=xp.float64)   # centred: GEMM-form distances lose less to rounding
-            features = Xd.astype(ct) - center.astype(ct)
-            state_graph = _graphs.build_graph(features, n_neighbors, affinity, backend)
+            center, features = graph_features(Xd, dtype, backend)
+            state_graph = _graphs.build_graph(features, n_neighbors, affinity, backend, neighbors=neighbors)
             A = state_graph.graph
         k = _validation.check_k(k, n)
         d = degrees(A, backend)
@@ -352,7 +359,8 @@ def _starts(init, n_init, A, d, k, backend, rng):
 def search_neighbors(X, k, *, random_state, device, **kwargs):
     """``n_neighbors="search"``: :func:`fit` with every value of NEIGHBOR_GRID below n; the clustering of lowest
     c-NNC (:class:`kkmgpu.metrics.cnnc.CnncScorer` on X, the neighbour order computed once) is returned, with
-    the scores in ``method_params["n_neighbors_search"]`` as (n_neighbors, c-NNC, objective) rows."""
+    the scores in ``method_params["n_neighbors_search"]`` as (n_neighbors, c-NNC, objective) rows. The nearest
+    neighbours are searched once, for the largest value, and every graph takes its own from them."""
     from kkmgpu.metrics.cnnc import CnncScorer
 
     t0 = time.perf_counter()
@@ -363,10 +371,14 @@ def search_neighbors(X, k, *, random_state, device, **kwargs):
         if n < 3:
             raise ValueError(f"n_neighbors='search' needs at least 3 samples; got {n}.")
         scorer = CnncScorer(Xd, backend)
+        grid = [v for v in NEIGHBOR_GRID if v <= n - 1] or [n - 1]
+        reach = max(grid[-1], _graphs.SCALE_NEIGHBOR if kwargs["affinity"] == "self_tuning" else 1)
+        neighbors = _graphs.nearest_neighbors(graph_features(Xd, kwargs["dtype"], backend)[1], min(reach, n - 1),
+                                              backend)
     rng = _validation.make_rng(random_state)
     rows, best, best_score = [], None, math.inf
-    for value in [v for v in NEIGHBOR_GRID if v <= n - 1] or [n - 1]:
-        result = fit(X, k, n_neighbors=value, random_state=rng, device=backend.name, **kwargs)
+    for value in grid:
+        result = fit(X, k, n_neighbors=value, random_state=rng, device=backend.name, neighbors=neighbors, **kwargs)
         score = scorer(result.labels if not backend.is_gpu else backend.to_host(result.labels), k)
         rows.append((value, score, result.objective))
         if kwargs.get("verbose"):
