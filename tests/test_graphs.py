@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import cdist
 
+from conftest import require_cuda
+
 from kkmgpu.backend.device import resolve_device
 from kkmgpu.kernels import blocks
 from kkmgpu.kernels.graphs import affinity_graph, nearest_neighbors
@@ -74,7 +76,7 @@ def test_tiles_smaller_than_n_give_the_same_graph(monkeypatch, rng):
 def test_cpu_block_search_equals_the_float64_reference(block, rng):
     """The CPU search over blocks on and above the diagonal (each product serving its rows and its columns) finds
     the same neighbours as a float64 cdist, for blocks of one row, blocks that do not divide n, and one block."""
-    from kkmgpu.kernels.knn_cpu import nearest_neighbors_cpu
+    from kkmgpu.kernels.knn_cpu import nearest_neighbors as nearest_neighbors_cpu
 
     X = rng.normal(size=(203, 4))
     D = cdist(X, X, "sqeuclidean")
@@ -84,15 +86,54 @@ def test_cpu_block_search_equals_the_float64_reference(block, rng):
 
 
 def test_cpu_block_search_equals_the_row_tile_route(rng):
-    """The CPU twin and the GPU route (row tiles of GEMM-form distances, argpartition; run here with NumPy) keep
-    the same neighbours of float32 features."""
+    """The CPU twin and the GPU route for lists longer than knn_cuda's (row tiles of GEMM-form distances,
+    argpartition; run here with NumPy) keep the same neighbours of float32 features."""
     from kkmgpu.kernels.graphs import _nearest_neighbors_gpu
-    from kkmgpu.kernels.knn_cpu import nearest_neighbors_cpu
+    from kkmgpu.kernels.knn_cpu import nearest_neighbors as nearest_neighbors_cpu
 
     A = rng.normal(size=(500, 12)).astype(np.float32)
     backend = resolve_device("cpu")
     np.testing.assert_array_equal(np.sort(nearest_neighbors_cpu(A, 15, block=96), axis=1),
                                   np.sort(_nearest_neighbors_gpu(A, 15, backend), axis=1))
+
+
+@pytest.mark.parametrize("n_neighbors", [9, 70])
+def test_nearest_neighbors_nearest_first_equal_the_float64_reference(device, n_neighbors, rng, monkeypatch):
+    """On a GPU both routes, the knn_cuda kernel up to its MAX_NEIGHBORS (64) and row tiles with argpartition
+    beyond, like the CPU search, keep a float64 cdist's neighbours, nearest first, with their float64 distances."""
+    from kkmgpu.kernels import knn_cuda
+
+    searched = []
+    search = knn_cuda.nearest_neighbors
+    monkeypatch.setattr(knn_cuda, "nearest_neighbors", lambda *a, **kw: searched.append(1) or search(*a, **kw))
+    X = rng.normal(size=(180, 5))
+    backend = resolve_device(device)
+    index, sq = nearest_neighbors(backend.asarray(X), n_neighbors, backend)
+    D = cdist(X, X, "sqeuclidean")
+    np.fill_diagonal(D, np.inf)
+    expected = np.argsort(D, axis=1, kind="stable")[:, :n_neighbors]
+    np.testing.assert_array_equal(backend.to_host(index), expected)
+    np.testing.assert_allclose(backend.to_host(sq), np.take_along_axis(D, expected, axis=1), rtol=1e-12)
+    assert len(searched) == (backend.is_gpu and n_neighbors <= knn_cuda.MAX_NEIGHBORS)
+
+
+@pytest.mark.gpu
+def test_gpu_search_blocks_fit_the_work_budget(monkeypatch, rng):
+    """The GPU search holds a block x block product and its transpose within the work budget: smaller blocks
+    there, the same neighbours."""
+    require_cuda()
+    from kkmgpu.kernels import graphs, knn_cuda
+
+    blocks_used = []
+    search = knn_cuda.nearest_neighbors
+    monkeypatch.setattr(knn_cuda, "nearest_neighbors",
+                        lambda A, k, block: blocks_used.append(block) or search(A, k, block=block))
+    monkeypatch.setattr(graphs, "work_bytes", lambda cap, backend, minimum=1: max(minimum, 2 * 40 * 40 * 8 + 9))
+    X = rng.normal(size=(150, 3))
+    backend = resolve_device("cuda")
+    index, _ = nearest_neighbors(backend.asarray(X), 6, backend)
+    assert blocks_used == [40]
+    np.testing.assert_array_equal(backend.to_host(index), nearest_neighbors(X, 6, resolve_device("cpu"))[0])
 
 
 @pytest.mark.parametrize("kind", ["knn", "mutual_knn", "self_tuning"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cuda_skip_reason
+from conftest import cuda_skip_reason, require_cuda
 import kkmgpu
 from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.kernels import spec as _kernel_spec
@@ -256,7 +256,7 @@ def test_cuda_sources_are_found_and_declare_the_twins():
         assert re.search(rf"__global__ void {name}\(", src), name
 
 
-@pytest.mark.parametrize("name", ["kernel_kmeans.cu", "tiled.cu"])
+@pytest.mark.parametrize("name", ["kernel_kmeans.cu", "tiled.cu", "knn.cu"])
 def test_cuda_sources_are_found_in_the_source_tree(monkeypatch, name):
     """Without an installed ``kkmgpu.kernels_cuda`` package (a source checkout, as .ci/nvrtc_check.py runs) the
     launchers read kernels_cuda/ from the repository: the same text as the file."""
@@ -271,11 +271,15 @@ def test_cuda_sources_are_found_in_the_source_tree(monkeypatch, name):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_every_cu_file_compiles_with_nvcc(tmp_path):
+    from kkmgpu.kernels import kernel_kmeans_cuda, knn_cuda, tiled_cuda
+
+    launchers = {"kernel_kmeans.cu": kernel_kmeans_cuda, "tiled.cu": tiled_cuda, "knn.cu": knn_cuda}
     for cu in sorted((ROOT / "kernels_cuda").glob("*.cu")):
         out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "--ptx", "-o", str(tmp_path / "x.ptx"), str(cu)],
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        assert (tmp_path / "x.ptx").read_text().count(".entry") >= 8  # float and double of each kernel
+        # every instantiation the launcher asks for (float and double of each kernel) is built
+        assert (tmp_path / "x.ptx").read_text().count(".entry") >= len(launchers[cu.name].name_expressions())
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed on this machine")
@@ -313,3 +317,131 @@ def test_float16_storage_cluster_sums(backend, n, k):
     op = DenseKernelOperator(backend.asarray(K16), backend.asarray(w), backend)
     S = backend.to_host(op.cluster_sums(backend.asarray(labels), k))
     np.testing.assert_allclose(S, _indicator_sums(K16, labels, w, k), rtol=1e-6, atol=1e-6)
+
+
+# ---- nearest-neighbour selection (knn.cu): the kernel against its numba twin, both searches against cdist ----------
+#: b rows x m columns of a block at (row0, col0), lists of k; rows and columns not multiples of 32, one column (only
+#: lane 0 of a warp takes a candidate), a block that holds its own rows (the point itself skipped), fewer candidates
+#: than slots, k = 1 and k = MAX_NEIGHBORS
+KNN_BLOCKS = [(1, 1, 1, 0, 0), (9, 1, 1, 0, 20), (37, 45, 1, 3, 3), (70, 33, 7, 0, 70), (41, 300, 64, 5, 0),
+              (33, 20, 64, 0, 0)]
+
+
+def _knn_state(n, k, *held):
+    """(best, arg) of n rows after the CPU twin's offers of (keys (n, m), col0) in ``held``: candidates col0 + j
+    with those keys (partly full lists when there are fewer than k)."""
+    from kkmgpu.kernels import knn_cpu
+
+    best, arg = np.full((n, k), np.inf), np.full((n, k), -1, dtype=np.int64)
+    for keys, col0 in held:
+        knn_cpu.offer_block(-0.5 * keys, np.zeros(keys.shape[1]), 0, col0, best, arg)
+    return best, arg
+
+
+def _offer_both_twins(G, col_sq, row0, col0, best, arg):
+    """(best, arg) after one offer_block of each twin from the same inputs (the CUDA one through the host)."""
+    require_cuda()
+    from kkmgpu.kernels import knn_cpu, knn_cuda
+
+    gpu = Backend("cuda", 0)
+    best_gpu, arg_gpu = gpu.asarray(best), gpu.asarray(arg)
+    knn_cuda.offer_block(gpu.asarray(G), gpu.asarray(col_sq), row0, col0, best_gpu, arg_gpu)
+    knn_cpu.offer_block(G, col_sq, row0, col0, best, arg)
+    return (best, arg), (gpu.to_host(best_gpu), gpu.to_host(arg_gpu))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("state", ["empty", "held"])
+@pytest.mark.parametrize("b,m,k,row0,col0", KNN_BLOCKS)
+def test_knn_offer_block_twins_keep_the_same_lists(b, m, k, row0, col0, state, dtype):
+    rng = np.random.default_rng([b, m, k, row0, col0, len(state), np.dtype(dtype).itemsize])
+    n = row0 + b + 3
+    G, col_sq = rng.normal(size=(b, m)).astype(dtype), rng.random(m) * 4
+    if state == "held":
+        best, arg = _knn_state(n, k, (rng.normal(size=(n, k // 2 + 5)) * 2 + 2, 1000))
+    else:
+        best, arg = np.full((n, k), np.inf), np.full((n, k), -1, dtype=np.int64)
+    (cpu_best, cpu_arg), (gpu_best, gpu_arg) = _offer_both_twins(G, col_sq, row0, col0, best.copy(), arg.copy())
+    np.testing.assert_array_equal(gpu_arg, cpu_arg)
+    np.testing.assert_array_equal(gpu_best, cpu_best)
+    _assert_k_least(G, col_sq, row0, col0, best, arg, cpu_best, cpu_arg)
+
+
+def _assert_k_least(G, col_sq, row0, col0, best, arg, got_best, got_arg):
+    """Each offered row's list is the k least (key, index) of its held list and the block's candidates (Python's
+    tuple order); the other rows are untouched."""
+    keys = col_sq[None, :] - 2.0 * G.astype(np.float64)
+    b, k = G.shape[0], best.shape[1]
+    for r in range(b):
+        i = row0 + r
+        cand = [(v, col0 + j) for j, v in enumerate(keys[r]) if col0 + j != i]
+        want = sorted(cand + list(zip(best[i], arg[i])))[:k]
+        assert [a for _, a in want] == got_arg[i].tolist() and [v for v, _ in want] == got_best[i].tolist()
+    untouched = np.r_[0:row0, row0 + b:best.shape[0]]
+    np.testing.assert_array_equal(got_arg[untouched], arg[untouched])
+    np.testing.assert_array_equal(got_best[untouched], best[untouched])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [1, 5, 64])
+def test_knn_offer_block_twins_break_ties_by_the_lower_index(k, dtype):
+    """Small integer keys repeat many times, in the held lists (indices below and above the block's) and the block:
+    of equal keys the lower index stays."""
+    rng = np.random.default_rng([k, np.dtype(dtype).itemsize, 7])
+    b, m, n, col0 = 50, 130, 50, 100
+    held = rng.integers(-5, 1, size=(n, k // 2 + 2)).astype(np.float64)
+    best, arg = _knn_state(n, k, (held, 0), (held[:, ::-1].copy(), 1000))
+    G, col_sq = rng.integers(-2, 3, size=(b, m)).astype(dtype), rng.integers(0, 3, size=m).astype(np.float64)
+    (cpu_best, cpu_arg), (gpu_best, gpu_arg) = _offer_both_twins(G, col_sq, 0, col0, best.copy(), arg.copy())
+    np.testing.assert_array_equal(gpu_arg, cpu_arg)
+    np.testing.assert_array_equal(gpu_best, cpu_best)
+    _assert_k_least(G, col_sq, 0, col0, best, arg, cpu_best, cpu_arg)
+    offered = (cpu_arg >= col0) & (cpu_arg < col0 + m)
+    assert offered.any() and (cpu_arg < col0).any()  # held and offered candidates kept
+    if k > 1:  # held ones above the block's indices kept too, and equal keys side by side
+        assert (cpu_arg >= 1000).any() and (np.diff(cpu_best, axis=1) == 0).any()
+
+
+def test_knn_kernel_list_length_is_the_launchers():
+    from kkmgpu.kernels import knn_cuda
+    from kkmgpu.kernels.kernel_kmeans_cuda import cuda_source
+
+    assert re.search(rf"#define KNN_MAX_NEIGHBORS {knn_cuda.MAX_NEIGHBORS}\b", cuda_source("knn.cu"))
+
+
+@pytest.mark.gpu
+def test_knn_offer_block_refuses_long_lists_and_other_dtypes():
+    require_cuda()
+    from kkmgpu.kernels import knn_cuda
+
+    gpu = Backend("cuda", 0)
+    G, col_sq = gpu.asarray(np.ones((4, 4))), gpu.asarray(np.ones(4))
+    k = knn_cuda.MAX_NEIGHBORS + 1
+    best, arg = gpu.asarray(np.full((4, k), np.inf)), gpu.asarray(np.zeros((4, k), np.int64))
+    with pytest.raises(ValueError, match=f"n_neighbors={k} must be between 1 and MAX_NEIGHBORS=64"):
+        knn_cuda.offer_block(G, col_sq, 0, 0, best, arg)
+    best, arg = gpu.asarray(np.full((4, 2), np.inf)), gpu.asarray(np.zeros((4, 2), np.int64))
+    with pytest.raises(ValueError, match="dtype=float16 is not supported"):
+        knn_cuda.offer_block(gpu.asarray(np.ones((4, 4), np.float16)), col_sq, 0, 0, best, arg)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("block", [37, 64, 4096])
+def test_knn_search_equals_the_float64_reference(backend, block, dtype):
+    """Each twin's whole search (blocks on and above the diagonal, each product serving its rows and, transposed, its
+    columns) keeps the neighbours of a float64 cdist, for blocks that do not divide n and one block."""
+    if backend.is_gpu:
+        from kkmgpu.kernels.knn_cuda import nearest_neighbors
+    else:
+        from kkmgpu.kernels.knn_cpu import nearest_neighbors
+    from scipy.spatial.distance import cdist
+
+    rng = np.random.default_rng([block, np.dtype(dtype).itemsize, 11])
+    X = rng.normal(size=(150, 4)).astype(dtype)
+    D = cdist(X.astype(np.float64), X.astype(np.float64), "sqeuclidean")
+    np.fill_diagonal(D, np.inf)
+    for k in (1, 9, 64):
+        index = backend.to_host(nearest_neighbors(backend.asarray(X), k, block=block))
+        np.testing.assert_array_equal(np.sort(index, axis=1), np.sort(np.argsort(D, axis=1)[:, :k], axis=1))

@@ -11,8 +11,11 @@ CUDA source                 CUDA launcher (CuPy)             CPU twin (numba)
 ==========================  ===============================  ===========================
 ``kernel_kmeans.cu``        ``kernel_kmeans_cuda``           ``kernel_kmeans_cpu``
 ``tiled.cu``                ``tiled_cuda``                   ``tiled_cpu``
+``knn.cu``                  ``knn_cuda``                     ``knn_cpu``
 ==========================  ===============================  ===========================
 
-``graphs`` builds affinity graphs (kNN, mutual kNN, self-tuning) in CSR.
+``graphs`` builds affinity graphs (kNN, mutual kNN, self-tuning) in CSR; their nearest-neighbour search is
+``knn_cpu`` / ``knn_cuda`` (``offer_block``, ``nearest_neighbors``: the blocks on and above the diagonal of the
+distance matrix, each row's best candidates kept without sorting).
 ``csr_cpu`` has the numba CSR cluster sums; on a GPU the same work is a cuSPARSE product (no custom kernel).
 """

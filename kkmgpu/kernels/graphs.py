@@ -10,16 +10,19 @@
   to its ``scale_neighbor``-th nearest point (the paper's 7th).
 
 Neighbours exclude the point itself; a duplicate point is a neighbour at distance 0. Distances are found as
-GEMM-form squared distances in the compute precision, one row tile at a time (never an n x n matrix), and the
-kept pairs' distances are recomputed directly in float64. Ties at the n_neighbors-th distance are broken by
-``argpartition`` and may differ between devices. The graph has no self-loops and is symmetric.
+GEMM-form squared distances in the compute precision, over the blocks on and above the diagonal of the distance
+matrix (never an n x n matrix: ``knn_cpu``, and ``knn_cuda`` on a GPU for up to its ``MAX_NEIGHBORS`` neighbours;
+longer lists on a GPU take row tiles and ``argpartition``), and the kept pairs' distances are recomputed directly
+in float64. Ties at the n_neighbors-th key go to the lower index (``argpartition`` breaks them its own way); the
+GEMMs' last bits, and so near-ties, may differ between devices. The graph has no self-loops and is symmetric.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from kkmgpu.backend.device import Backend
+from kkmgpu.backend.device import Backend, work_bytes
 from kkmgpu.kernels.blocks import tile_rows
 
 GRAPHS = ("knn", "mutual_knn", "self_tuning")
@@ -38,11 +41,16 @@ def nearest_neighbors(A, n_neighbors: int, backend: Backend):
     if not 1 <= n_neighbors <= n - 1:
         raise ValueError(f"n_neighbors={n_neighbors} must be between 1 and n_samples - 1 = {n - 1}.")
     if backend.is_gpu:
-        index = _nearest_neighbors_gpu(A, n_neighbors, backend)
-    else:
-        from kkmgpu.kernels.knn_cpu import nearest_neighbors_cpu
+        from kkmgpu.kernels import knn_cuda
 
-        index = nearest_neighbors_cpu(A, n_neighbors)
+        if n_neighbors <= knn_cuda.MAX_NEIGHBORS:
+            index = knn_cuda.nearest_neighbors(A, n_neighbors, block=_gpu_block(A, backend, knn_cuda.BLOCK))
+        else:  # longer lists than the kernel keeps: row tiles and argpartition
+            index = _nearest_neighbors_gpu(A, n_neighbors, backend)
+    else:
+        from kkmgpu.kernels import knn_cpu
+
+        index = knn_cpu.nearest_neighbors(A, n_neighbors)
     # exact squared distances of the kept pairs, then each row's neighbours nearest first
     sq = xp.empty((n, n_neighbors), dtype=xp.float64)
     chunk = tile_rows(n_neighbors * A.shape[1], 16, backend=backend)
@@ -52,6 +60,13 @@ def nearest_neighbors(A, n_neighbors: int, backend: Backend):
         sq[i0:i1] = (diff * diff).sum(axis=2)
     order = xp.argsort(sq, axis=1)
     return xp.take_along_axis(index, order, axis=1), xp.take_along_axis(sq, order, axis=1)
+
+
+def _gpu_block(A, backend: Backend, block: int) -> int:
+    # the GPU search holds one block x block product and its transpose: at most that within the work budget
+    entry = 2 * A.dtype.itemsize
+    fits = math.isqrt(work_bytes(block * block * entry, backend, minimum=32 * 32 * entry) // entry)
+    return max(32, min(block, fits))
 
 
 def _nearest_neighbors_gpu(A, n_neighbors: int, backend: Backend):

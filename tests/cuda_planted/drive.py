@@ -136,6 +136,7 @@ def real_case(checks):
     import numpy as np
     import cudacpu
     from kkmgpu.kernels import kernel_kmeans_cuda as _gpu_kernels
+    from kkmgpu.kernels import knn_cuda as _knn_gpu
     from kkmgpu.kernels import tiled_cuda as _tiled_gpu
 
     rng = np.random.default_rng(7)
@@ -248,6 +249,30 @@ def real_case(checks):
                     D[np.arange(m), clusters] += w
                     D[np.arange(m), old] -= w
                     checks.close(f"tile_moved_sums<{T}, {shared}> kind {kind}", S, v @ D, rtol=1e-12, atol=1e-12)
+
+    # knn_offer_block: a block holding its own rows (each point skipped), 5 warps of 8 per thread block, half the
+    # rows' lists already holding candidates, one column (only lane 0 of a warp takes any); each row keeps the k
+    # least (key, index), keys col_sq - 2 G in double
+    knn = cudacpu.Module(_gpu_kernels.cuda_source("knn.cu"), _knn_gpu.name_expressions(), _gpu_kernels.NVRTC_OPTIONS)
+    b, row0, col0 = 37, 3, 0
+    n = row0 + b + 2
+    for dtype, T in ((np.float32, "float"), (np.float64, "double")):
+        for k, m in ((1, 45), (5, 45), (1, 1)):
+            G, col_sq = rng.normal(size=(b, m)).astype(dtype), rng.random(m) * 4
+            best, arg = np.full((n, k), np.inf), np.full((n, k), -1, np.int64)
+            best[::2, 0], arg[::2, 0] = -1.5, 1000 + np.arange(0, n, 2)
+            want_best, want_arg = best.copy(), arg.copy()
+            keys = col_sq[None, :] - 2.0 * G.astype(np.float64)
+            for r in range(b):
+                i = row0 + r
+                cand = np.flatnonzero(col0 + np.arange(m) != i)
+                key, index = np.r_[best[i], keys[r, cand]], np.r_[arg[i], col0 + cand]
+                order = np.lexsort((index, key))[:k]
+                want_best[i], want_arg[i] = key[order], index[order]
+            knn.get_function(f"knn_offer_block<{T}>")(
+                ((b + 7) // 8,), (256,), (G, col_sq, i64(b), i64(m), i64(row0), i64(col0), i32(k), best, arg))
+            checks.equal(f"knn_offer_block<{T}> k={k} m={m} indices", arg, want_arg)
+            checks.equal(f"knn_offer_block<{T}> k={k} m={m} keys", best, want_best)
 
 
 # ---- planted bugs ------------------------------------------------------------------------------------------------

@@ -1,0 +1,108 @@
+"""GPU twin of the nearest-neighbour search behind the affinity graphs (CuPy + kernels_cuda/knn.cu).
+
+Same functions, signatures and semantics as :mod:`kkmgpu.kernels.knn_cpu` (see there for the search): the blocks
+on and above the diagonal of the n x n GEMM-form distance matrix, one cuBLAS product serving its rows and, through
+its transpose, its columns, and the kernel ``knn_offer_block`` keeping each row's ``n_neighbors`` best candidates
+by (key, index). The products and the kernel never hold more than one block x block product and its transpose,
+and nothing is sorted (CuPy's ``argpartition`` sorts whole rows). CuPy comes from
+:mod:`kkmgpu.backend.cupy_loader`, the one module that imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from kkmgpu.backend.cupy_loader import import_cupy
+from kkmgpu.kernels.kernel_kmeans_cuda import NVRTC_OPTIONS, cuda_source
+
+__all__ = ["BLOCK", "MAX_NEIGHBORS", "offer_block", "nearest_neighbors"]
+
+_SOURCE_NAME = "knn.cu"
+_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_THREADS = 256  # 8 warps: 8 rows of a block per thread block
+#: the largest n_neighbors the kernel keeps: KNN_MAX_NEIGHBORS in knn.cu, the length of each lane's candidate list
+#: in local memory (tests/test_twins.py holds the two equal)
+MAX_NEIGHBORS = 64
+#: rows of one block of the distance matrix: larger than the CPU's 2048 because a GPU needs many rows in flight
+#: (one warp per row: 8192 warps are about what an H100's 132 SMs hold at once) and because each block costs a GEMM
+#: and two launches from Python, (n / BLOCK)^2 / 2 of them: 7,500 at n = 10^6 instead of 120,000. The product and
+#: its transpose then take 2 x 8192^2 x 4 bytes = 512 MiB in float32 (graphs.py shrinks the block to free memory).
+BLOCK = 8192
+
+
+def name_expressions() -> list[str]:
+    """The template instantiations of ``knn.cu`` that CuPy compiles (and ``.ci/nvrtc_check.py`` checks)."""
+    return [f"knn_offer_block<{t}>" for t in _TYPES.values()]
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_id: int):
+    cp = import_cupy()
+    with cp.cuda.Device(device_id):
+        return cp.RawModule(code=cuda_source(_SOURCE_NAME), options=NVRTC_OPTIONS, name_expressions=name_expressions())
+
+
+def _function(name: str, dtype):
+    dtype = np.dtype(dtype)
+    if dtype not in _TYPES:
+        raise ValueError(f"dtype={dtype} is not supported by the CUDA kernel {name}; use float32 or float64.")
+    cp = import_cupy()
+    return _module(cp.cuda.runtime.getDevice()).get_function(f"{name}<{_TYPES[dtype]}>")
+
+
+def offer_block(G, col_sq, row0, col0, best, arg):
+    """In place: rows row0 + r of the search (best, arg) take the candidates col0 + j of the block G (b, m) of
+    inner products with the keys col_sq[j] - 2 G[r, j]; see :func:`kkmgpu.kernels.knn_cpu.offer_block`.
+
+    Raises ValueError when the list length k = best.shape[1] is not between 1 and :data:`MAX_NEIGHBORS`, for
+    dtypes other than float32 and float64, and for arrays of the wrong shape or layout.
+    """
+    cp = import_cupy()
+    b, m = G.shape
+    n, k = best.shape
+    if not 1 <= k <= MAX_NEIGHBORS:
+        raise ValueError(f"n_neighbors={k} must be between 1 and MAX_NEIGHBORS={MAX_NEIGHBORS} for the CUDA "
+                         f"kernel knn_offer_block (its per-lane candidate list is fixed at compile time).")
+    if not (best.dtype == np.float64 and arg.dtype == np.int64 and arg.shape == best.shape
+            and best.flags.c_contiguous and arg.flags.c_contiguous):
+        raise ValueError(f"best and arg must be C-contiguous float64 and int64 arrays of one shape; got "
+                         f"{best.shape} {best.dtype} and {arg.shape} {arg.dtype}.")
+    if not G.flags.c_contiguous:
+        raise ValueError("the block G must be C-contiguous")
+    if col_sq.shape != (m,) or not 0 <= row0 <= n - b:
+        raise ValueError(f"a block G of shape {G.shape} at row0={row0} needs col_sq of shape ({m},) and "
+                         f"row0 + {b} <= {n} rows of best; got col_sq of shape {col_sq.shape}.")
+    function = _function("knn_offer_block", G.dtype)
+    if b == 0 or m == 0:
+        return
+    warps_per_block = _THREADS // 32
+    grid = int(min((b + warps_per_block - 1) // warps_per_block, 65535 * 8))
+    function((grid,), (_THREADS,),
+             (G, cp.ascontiguousarray(col_sq, dtype=cp.float64), np.int64(b), np.int64(m), np.int64(row0),
+              np.int64(col0), np.int32(k), best, arg))
+
+
+def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK):
+    """device int64 array (n, n_neighbors): the indices of the ``n_neighbors`` nearest other rows of A (n, d) for
+    every row, by GEMM-form squared distances in A's precision; not sorted by distance. ``block`` rows per block
+    (tests shrink it to reach the edges). See :func:`kkmgpu.kernels.knn_cpu.nearest_neighbors`."""
+    cp = import_cupy()
+    n = A.shape[0]
+    A = cp.ascontiguousarray(A)
+    sq = cp.empty(n, dtype=cp.float64)
+    for i0 in range(0, n, block):  # float64 norms without a float64 copy of A
+        rows = A[i0:i0 + block].astype(cp.float64)
+        sq[i0:i0 + block] = (rows * rows).sum(axis=1)
+    best = cp.full((n, n_neighbors), cp.inf, dtype=cp.float64)
+    arg = cp.full((n, n_neighbors), -1, dtype=cp.int64)
+    for i0 in range(0, n, block):
+        i1 = min(n, i0 + block)
+        for j0 in range(i0, n, block):
+            j1 = min(n, j0 + block)
+            G = cp.ascontiguousarray(A[i0:i1] @ A[j0:j1].T)
+            offer_block(G, sq[j0:j1], i0, j0, best, arg)
+            if j0 != i0:
+                offer_block(cp.ascontiguousarray(G.T), sq[i0:i1], j0, i0, best, arg)
+    return arg
