@@ -72,10 +72,10 @@ def test_tiles_smaller_than_n_give_the_same_graph(monkeypatch, rng):
     np.testing.assert_array_equal(affinity_graph(backend.asarray(X), 5, "self_tuning", backend).toarray(), whole)
 
 
-@pytest.mark.parametrize("block", [1, 7, 64, 2048])
+@pytest.mark.parametrize("block", [3, 7, 64, 2048])
 def test_cpu_block_search_equals_the_float64_reference(block, rng):
     """The CPU search over blocks on and above the diagonal (each product serving its rows and its columns) finds
-    the same neighbours as a float64 cdist, for blocks of one row, blocks that do not divide n, and one block."""
+    the same neighbours as a float64 cdist, for blocks of three rows, blocks that do not divide n, and one block."""
     from kkmgpu.kernels.knn_cpu import nearest_neighbors as nearest_neighbors_cpu
 
     X = rng.normal(size=(203, 4))
@@ -83,6 +83,25 @@ def test_cpu_block_search_equals_the_float64_reference(block, rng):
     np.fill_diagonal(D, np.inf)
     expected = np.sort(np.argsort(D, axis=1)[:, :9], axis=1)
     np.testing.assert_array_equal(np.sort(nearest_neighbors_cpu(X, 9, block=block), axis=1), expected)
+
+
+def test_cpu_column_pass_equals_offering_the_transposed_block(rng):
+    """The CPU search serves the rows of J from the columns of G in strips (G^T never formed): the same lists as
+    offer_block on G^T, with lists already holding candidates, tied keys, and strips that do not divide m."""
+    from kkmgpu.kernels.knn_cpu import STRIP, _offer_columns, offer_block
+
+    n, k = 400, 6
+    G = rng.integers(-3, 4, size=(90, 2 * STRIP + 13)).astype(np.float64)   # small integers: many tied keys
+    row_sq = rng.integers(0, 6, size=90).astype(np.float64)
+    best = np.sort(rng.integers(-2, 8, size=(n, k)).astype(np.float64), axis=1)
+    best[::5] = np.inf                                                       # some lists still empty
+    arg = np.where(np.isinf(best), -1, rng.integers(0, n, size=(n, k)))
+    want = best.copy(), arg.copy()
+    offer_block(np.ascontiguousarray(G.T), row_sq, 150, 40, *want)
+    got = best.copy(), arg.copy()
+    _offer_columns(G, row_sq, 40, 150, *got)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_cpu_block_search_equals_the_row_tile_route(rng):
