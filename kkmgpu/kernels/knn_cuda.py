@@ -25,7 +25,7 @@ _THREADS = 256  # 8 warps: 8 rows of a block per thread block
 #: the largest n_neighbors the kernel keeps: KNN_MAX_NEIGHBORS in knn.cu, the length of each lane's candidate list
 #: in local memory (tests/test_twins.py holds the two equal)
 MAX_NEIGHBORS = 64
-#: rows of one block of the distance matrix: larger than the CPU's 2048 because a GPU needs many rows in flight
+#: rows of one block of the distance matrix: larger than the CPU's 4096 because a GPU needs many rows in flight
 #: (one warp per row: 8192 warps are about what an H100's 132 SMs hold at once) and because each block costs a GEMM
 #: and two launches from Python, (n / BLOCK)^2 / 2 of them: 7,500 at n = 10^6 instead of 120,000. The product and
 #: its transpose then take 2 x 8192^2 x 4 bytes = 512 MiB in float32 (graphs.py shrinks the block to free memory).
