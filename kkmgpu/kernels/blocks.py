@@ -23,6 +23,14 @@ from kkmgpu.kernels.spec import DISTANCE_KERNELS, KernelSpec, UninformativeKerne
 TILE_BYTES = 64 * 2**20
 
 
+def upper_blocks(n: int, block: int):
+    """(i0, i1, j0, j1) of the blocks on and above the diagonal of an n x n matrix of ``block``-row blocks, row
+    by row: what a symmetric product visits once (the nearest-neighbour search of both devices)."""
+    for i0 in range(0, n, block):
+        for j0 in range(i0, n, block):
+            yield i0, min(n, i0 + block), j0, min(n, j0 + block)
+
+
 def prepare_features(X, spec: KernelSpec, backend: Backend, dtype):
     """X on the device in ``dtype``: centred (translation-invariant kernels) and divided by ``spec.scale``."""
     xp = backend.xp

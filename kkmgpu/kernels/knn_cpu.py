@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from kkmgpu.kernels.blocks import upper_blocks
+
 __all__ = ["BLOCK", "nearest_neighbors", "offer_block"]
 
 #: rows of one block of the distance matrix (a 4096 x 4096 float32 product: 64 MiB). On MNIST-70k (2-core CPU)
@@ -107,12 +109,6 @@ def _offer_columns(G, row_sq, row0, col0, best, arg):
                     worst_index[c - c0] = arg[i, k - 1]
 
 
-def _blocks(n, block):
-    for i0 in range(0, n, block):
-        for j0 in range(i0, n, block):
-            yield i0, min(n, i0 + block), j0, min(n, j0 + block)
-
-
 def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK):
     """int64 array (n, n_neighbors): the indices of the ``n_neighbors`` nearest other rows of A (n, d) for every
     row, by GEMM-form squared distances in A's precision; not sorted by distance. ``block`` rows per block
@@ -121,7 +117,7 @@ def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK):
     sq = np.einsum("ij,ij->i", A, A, dtype=np.float64)
     best = np.full((n, n_neighbors), np.inf)
     arg = np.full((n, n_neighbors), -1, dtype=np.int64)
-    for i0, i1, j0, j1 in _blocks(n, block):
+    for i0, i1, j0, j1 in upper_blocks(n, block):
         G = A[i0:i1] @ A[j0:j1].T
         offer_block(G, sq[j0:j1], i0, j0, best, arg)
         if j0 != i0:

@@ -15,6 +15,7 @@ import functools
 import numpy as np
 
 from kkmgpu.backend.cupy_loader import import_cupy
+from kkmgpu.kernels.blocks import upper_blocks
 from kkmgpu.kernels.kernel_kmeans_cuda import NVRTC_OPTIONS, cuda_source
 
 __all__ = ["BLOCK", "MAX_NEIGHBORS", "offer_block", "nearest_neighbors"]
@@ -97,12 +98,9 @@ def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK):
         sq[i0:i0 + block] = (rows * rows).sum(axis=1)
     best = cp.full((n, n_neighbors), cp.inf, dtype=cp.float64)
     arg = cp.full((n, n_neighbors), -1, dtype=cp.int64)
-    for i0 in range(0, n, block):
-        i1 = min(n, i0 + block)
-        for j0 in range(i0, n, block):
-            j1 = min(n, j0 + block)
-            G = cp.ascontiguousarray(A[i0:i1] @ A[j0:j1].T)
-            offer_block(G, sq[j0:j1], i0, j0, best, arg)
-            if j0 != i0:
-                offer_block(cp.ascontiguousarray(G.T), sq[i0:i1], j0, i0, best, arg)
+    for i0, i1, j0, j1 in upper_blocks(n, block):
+        G = A[i0:i1] @ A[j0:j1].T
+        offer_block(G, sq[j0:j1], i0, j0, best, arg)
+        if j0 != i0:
+            offer_block(cp.ascontiguousarray(G.T), sq[i0:i1], j0, i0, best, arg)
     return arg
