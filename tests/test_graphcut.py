@@ -113,6 +113,35 @@ def test_spectral_start_separates_shapes_that_an_rbf_kernel_cannot(device, maker
     assert graph.objective < kpp.objective  # the documented reason for the default start
 
 
+@pytest.mark.parametrize("components", [1, 3])
+def test_spectral_embedding_is_the_top_eigenvectors_of_the_normalised_graph(device, components, rng):
+    """The spectral start's eigenpairs equal numpy's eigh of D^-1/2 A D^-1/2 in float64: by Lanczos (ARPACK) for
+    a connected graph on the CPU, by LOBPCG for a graph of three components (the eigenvalue 1 three times, which
+    a single-vector Krylov method cannot be trusted to find) and on a GPU."""
+    from kkmgpu.backend.device import resolve_device
+    from kkmgpu.methods.graphcut import spectral_embedding
+
+    centres = rng.normal(size=(3, 2)) * (60.0 if components == 3 else 2.0)
+    X = np.concatenate([c + rng.normal(size=(150, 2)) for c in centres])
+    A, _ = dense_knn(X, 8)
+    d = A.sum(axis=1)
+    backend = resolve_device(device)
+    Ad = sp.csr_matrix(A)
+    if backend.is_gpu:
+        import cupyx.scipy.sparse
+
+        Ad = cupyx.scipy.sparse.csr_matrix(Ad)
+    k = 5
+    E, w, _, solver = spectral_embedding(Ad, backend.asarray(d), k, backend, np.random.default_rng(0), tol=1e-8)
+    assert solver == ("arpack" if components == 1 and not backend.is_gpu else "lobpcg")
+    want_w, want_V = np.linalg.eigh(A / np.sqrt(np.outer(d, d)))
+    want_w, want_V = want_w[::-1][:k], want_V[:, ::-1][:, :k]
+    np.testing.assert_allclose(w, want_w, atol=1e-6)
+    assert np.sum(np.isclose(w, 1.0, atol=1e-6)) == components
+    V = np.asarray(backend.to_host(E)) * np.sqrt(d)[:, None]   # back to eigenvectors: the same subspace
+    np.testing.assert_allclose(np.linalg.svd(want_V.T @ V, compute_uv=False), 1.0, atol=1e-5)
+
+
 def test_precomputed_affinity_gives_the_fit_from_X(rng):
     X, _ = blobs(180, 3, 3, int(rng.integers(1 << 30)))
     from_X = kkmgpu.fit(X, 3, objective="ncut", n_neighbors=7, device="cpu", dtype="float64", random_state=4)

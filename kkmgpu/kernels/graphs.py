@@ -48,9 +48,11 @@ def nearest_neighbors(A, n_neighbors: int, backend: Backend):
         else:  # longer lists than the kernel keeps: row tiles and argpartition
             index = _nearest_neighbors_gpu(A, n_neighbors, backend)
     else:
-        from kkmgpu.kernels import knn_cpu
+        from kkmgpu.kernels import knn_bounds
 
-        index = knn_cpu.nearest_neighbors(A, n_neighbors)
+        index, sq = knn_bounds.nearest_neighbors(A, n_neighbors, distances=True)
+        if sq is not None:   # the bounded search's exact float64 distances, nearest first already
+            return index, sq
     # exact squared distances of the kept pairs, then each row's neighbours nearest first
     sq = xp.empty((n, n_neighbors), dtype=xp.float64)
     chunk = tile_rows(n_neighbors * A.shape[1], 16, backend=backend)
