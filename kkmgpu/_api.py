@@ -153,7 +153,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     init : {"auto", "k-means++", "random", "spectral"} or array of shape (n_samples,), default="auto"
         "random" is a random partition (as in the papers); "k-means++" seeds in feature space with
         kernel distances; "spectral" (graph objectives only) clusters the top-k eigenvectors of the
-        normalised graph (LOBPCG), then refines; an array gives the initial labels (a deterministic run,
+        normalised graph (Lanczos or LOBPCG), then refines; an array gives the initial labels (a deterministic run,
         identical on every backend). "auto": "spectral" for a graph objective, else "k-means++".
     n_init : int or "auto", default="auto"
         Restarts; the lowest objective is kept. "auto": 10 for "random" and "spectral", 1 otherwise.

@@ -9,12 +9,15 @@
   A_ij = exp(-||x_i - x_j||^2 / (sigma_i sigma_j)) on the union of the neighbour lists, sigma_i the distance of x_i
   to its ``scale_neighbor``-th nearest point (the paper's 7th).
 
-Neighbours exclude the point itself; a duplicate point is a neighbour at distance 0. Distances are found as
-GEMM-form squared distances in the compute precision, over the blocks on and above the diagonal of the distance
-matrix (never an n x n matrix: ``knn_cpu``, and ``knn_cuda`` on a GPU for up to its ``MAX_NEIGHBORS`` neighbours;
-longer lists on a GPU take row tiles and ``argpartition``), and the kept pairs' distances are recomputed directly
-in float64. Ties at the n_neighbors-th key go to the lower index (``argpartition`` breaks them its own way); the
-GEMMs' last bits, and so near-ties, may differ between devices. The graph has no self-loops and is symmetric.
+Neighbours exclude the point itself; a duplicate point is a neighbour at distance 0. On a GPU, distances are found
+as GEMM-form squared distances in the compute precision, over the blocks on and above the diagonal of the distance
+matrix (never an n x n matrix: ``knn_cuda`` for up to its ``MAX_NEIGHBORS`` neighbours; longer lists take row
+tiles and ``argpartition``), and the kept pairs' distances are recomputed directly in float64. On the CPU,
+``knn_bounds`` decides: for large data whose variance sits in a few directions, an exact search by principal-
+component lower bounds that picks neighbours by float64 distances directly; otherwise the same brute-force block
+search (``knn_cpu``) and the float64 recomputation. Ties at the n_neighbors-th key go to the lower index
+(``argpartition`` breaks them its own way); float rounding, and so near-ties, may differ between devices and
+routes. The graph has no self-loops and is symmetric.
 """
 
 from __future__ import annotations

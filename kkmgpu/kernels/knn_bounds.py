@@ -123,7 +123,7 @@ def _walk_all(A, rows, G, zsq, margin, best, arg):
 def _principal_axes(A, sample: int = 16384, seed: int = 0):
     # (mean, V): float64, V's columns the principal axes by decreasing variance (of a sample of rows: any
     # orthonormal V keeps the bounds valid, a sample's axes are as good as all rows')
-    n, d = A.shape
+    n = A.shape[0]
     mean = A.mean(axis=0, dtype=np.float64)
     rows = np.sort(np.random.default_rng(seed).choice(n, size=min(n, sample), replace=False))
     Xc = A[rows] - mean.astype(A.dtype)
@@ -194,14 +194,14 @@ def plan(A, n_neighbors: int, *, sample: int = SAMPLE, seed: int = 0):
     counts -= 1   # each sampled row's own bound, 0
     brute = d + _epilogue(n_neighbors)
     best = (PAYS * brute, None)
-    rotation = 4.0 * d * d / n
+    rotate = 4.0 * d * d / n
     for w, g in enumerate(widths):
         survivors = counts[:, w]
         walk = 8.0 * d * (survivors.mean() + 1) / n
         for q in (0.8, 0.9, 0.95, 0.98):
             K = int(min(n - 1, max(n_neighbors + 1, np.ceil(np.quantile(survivors, q)) + 1)))
             uncertified = float(np.mean(survivors >= K))
-            cost = rotation + (g + 2) + _epilogue(K) + uncertified * 2.0 * (g + 2 + UNCERTIFIED) + walk
+            cost = rotate + (g + 2) + _epilogue(K) + uncertified * 2.0 * (g + 2 + UNCERTIFIED) + walk
             if cost < best[0]:
                 best = (cost, (g, K))
     return best[1], (mean, V, P, tails, widths)

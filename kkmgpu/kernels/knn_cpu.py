@@ -5,10 +5,14 @@ runs. The GPU twin, with the same functions and signatures, is :mod:`kkmgpu.kern
 The squared distances are in GEMM form, ||a_i||^2 + ||a_j||^2 - 2 a_i . a_j, and the search visits only the
 blocks on and above the diagonal of the n x n distance matrix: one GEMM A[I] A[J]^T serves the rows of I (its rows)
 and the rows of J (its columns, read in strips, so that G^T is never formed), so the search costs half the flops
-of a row-tile pass, and nothing larger than one block x block product is ever held. Each row keeps its
-``n_neighbors`` best candidates in a small sorted list that a candidate enters only when it beats the list's
-worst, one pass over each block. Candidates are ordered by (key, index), so that of equal keys the lower index is
-kept, on both twins.
+of a row-tile pass. Each row keeps its ``n_neighbors`` best candidates in a small sorted list that a candidate
+enters only when it beats the list's worst, one pass over each block. Candidates are ordered by (key, index), so
+that of equal keys the lower index is kept, on both twins; the keys are in A's precision.
+
+``offer_block`` (the twin of the CUDA kernel) runs its rows in parallel; :func:`search` (what
+:func:`nearest_neighbors` runs) instead cuts the blocks into block x panel products that stay in cache and hands
+them to worker threads, each with one BLAS thread and lists of its own (merged at the end). The exact search with
+lower bounds, :mod:`kkmgpu.kernels.knn_bounds`, runs it on its projected features.
 """
 
 from __future__ import annotations
@@ -181,10 +185,11 @@ def search(A, n_neighbors: int, block: int = BLOCK, panel: int = PANEL, workers:
              for _ in range(min(workers, len(tasks)))]
     queue = iter(tasks)
     lock = threading.Lock()
+    stop = threading.Event()   # set when the caller is interrupted: the workers leave after their product
 
     def work(best, arg):
         buffer = np.empty(min(block, n) * min(panel, n), dtype=A.dtype)
-        while True:
+        while not stop.is_set():
             with lock:
                 task = next(queue, None)
             if task is None:
@@ -200,9 +205,13 @@ def search(A, n_neighbors: int, block: int = BLOCK, panel: int = PANEL, workers:
         if len(lists) == 1:
             work(*lists[0])
         else:
-            with ThreadPoolExecutor(len(lists)) as pool:
+            pool = ThreadPoolExecutor(len(lists))
+            try:
                 for future in [pool.submit(work, *state) for state in lists]:
                     future.result()
+            finally:
+                stop.set()
+                pool.shutdown(wait=True)
     best, arg = lists[0]
     for other in lists[1:]:
         _merge(best, arg, *other)
