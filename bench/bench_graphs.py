@@ -2,6 +2,7 @@
 
     python bench/bench_graphs.py quality [--seeds 0 1 2 3 4] [--sets aggregation ... spirals] [--device cpu]
     python bench/bench_graphs.py speed [--n 70000] [--n-neighbors 10] [--timeout 3000] [--device cpu]
+    python bench/bench_graphs.py search [--n 70000] [--n-neighbors 10]   # the CPU's graph step taken apart
     python bench/bench_graphs.py plot   # the spirals picture of docs/graphs.md
 
 ``quality``: on the shape sets (aggregation, compound, flame, jain, r15; standardised), two moons
@@ -24,6 +25,11 @@ in a child process with a time limit: kkmgpu ncut (graph construction + spectral
 scikit-learn's SpectralClustering with the same number of neighbours, eigen_solver "arpack" and, when pyamg is
 installed, "amg". Wall time, NMI and peak resident memory; a contestant past ``--timeout`` is recorded as such
 (its time a lower bound).
+
+``search``: the CPU's neighbour search on MNIST's centred features, step by step in this process: the exact
+search with principal-component lower bounds (kkmgpu/kernels/knn_bounds.py) whole, then its plan, its search on
+the projected features, its walk of the candidate lists and its walk of the rows whose lists ran out, and the
+brute-force search on all pixels; the share of rows where both keep the same neighbours.
 """
 
 from __future__ import annotations
@@ -213,6 +219,57 @@ def plot(args):
     print(f"wrote {out}")
 
 
+def search(args):
+    """The CPU graph step taken apart on MNIST's centred features: the bounded search's plan, its search on z,
+    its two walks, against the brute-force search on all pixels; and whether both keep the same neighbours."""
+    from kkmgpu.kernels import knn_bounds, knn_cpu
+
+    run = Run("cpu", sys.argv[1:])
+    X, _ = load_mnist(args.n)
+    A = X - X.mean(axis=0, dtype=np.float64).astype(np.float32)
+    n, d = A.shape
+    k = args.n_neighbors
+    knn_bounds.nearest_neighbors(A[:knn_bounds.MIN_ROWS + 1000], k)   # numba's cache, compiled or loaded
+    clock = time.perf_counter
+    t = clock()
+    index, _ = knn_bounds.nearest_neighbors(A, k, distances=True)
+    steps = {"bounded_total": clock() - t}
+    t = clock()
+    choice, rotation = knn_bounds.plan(A, k)
+    steps["plan"] = clock() - t
+    case = {"id": f"search-n{n}-k{k}-cpu", "kind": "search", "n": n, "n_neighbors": k, "choice": choice}
+    if choice is not None:
+        axes, n_candidates = choice
+        _, _, P, tails, widths = rotation
+        Z = np.empty((n, axes + 1), dtype=A.dtype)
+        Z[:, :axes], Z[:, axes] = P[:, :axes], tails[:, widths.index(axes)]
+        t = clock()
+        keys, cand = knn_cpu.search(Z, n_candidates)
+        steps["search_z"] = clock() - t
+        zsq = np.einsum("ij,ij->i", Z, Z, dtype=np.float64)
+        znorm = np.sqrt(zsq)
+        margin = 4.0 * (d + axes + 8) * (np.finfo(A.dtype).eps / 2) * (znorm + znorm.max()) ** 2
+        best, arg = np.full((n, k), np.inf), np.full((n, k), -1, dtype=np.int64)
+        certified = np.zeros(n, dtype=np.bool_)
+        t = clock()
+        knn_bounds._walk_lists(A, cand, keys.astype(np.float64) + zsq[:, None], margin, best, arg, certified)
+        steps["walk_lists"] = clock() - t
+        rest = np.flatnonzero(~certified)
+        t = clock()
+        for r0 in range(0, rest.size, 512):
+            rows = rest[r0:r0 + 512]
+            knn_bounds._walk_all(A, rows, Z[rows] @ Z.T, zsq, margin, best, arg)
+        steps["walk_all"] = clock() - t
+        case.update(certified=float(certified.mean()), walked_all_rows=int(rest.size))
+    t = clock()
+    brute = knn_cpu.nearest_neighbors(A, k)
+    steps["brute_force"] = clock() - t
+    case.update(seconds=steps, same_neighbours_rows=float(
+        (np.sort(index, axis=1) == np.sort(brute, axis=1)).all(axis=1).mean()))
+    run.add(case)
+    print(json.dumps(case, default=str))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,6 +285,9 @@ def main(argv=None):
     s.add_argument("--device", default="cpu")
     s.add_argument("--contestants", nargs="+", default=["kkmgpu", "sklearn-arpack", "sklearn-amg"],
                    choices=("kkmgpu", "sklearn-arpack", "sklearn-amg"))
+    b = sub.add_parser("search")
+    b.add_argument("--n", type=int, default=70_000)
+    b.add_argument("--n-neighbors", type=int, default=N_NEIGHBORS)
     c = sub.add_parser("child")
     c.add_argument("--who", required=True)
     c.add_argument("--n", type=int, required=True)
@@ -236,7 +296,7 @@ def main(argv=None):
     p = sub.add_parser("plot")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "images" / "spirals-ncut.png"))
     args = parser.parse_args(argv)
-    {"quality": quality, "speed": speed, "child": child, "plot": plot}[args.command](args)
+    {"quality": quality, "speed": speed, "search": search, "child": child, "plot": plot}[args.command](args)
 
 
 if __name__ == "__main__":
