@@ -6,7 +6,8 @@ and the threaded brute-force search under it (kkmgpu/kernels/knn_cpu.py ``search
   points within its bound), when the list holds every point, with duplicated points, in float32 far from the
   origin (the rounding margin) and in float64;
 - its plan prunes data whose variance sits in a few directions and keeps the brute-force search for isotropic
-  data; with prune="auto" small inputs take the brute-force search;
+  data, the same when its sampled rows are taken a few at a time; with prune="auto" small inputs take the
+  brute-force search;
 - the threaded search gives the same lists for any number of workers and any product shape.
 """
 
@@ -78,6 +79,14 @@ def test_plan_prunes_low_rank_data_and_not_isotropic_data(rng):
     assert axes in knn_bounds.GRID and axes <= 128 and n_candidates > 10
     choice, _ = knn_bounds.plan(rng.normal(size=(9000, 256)).astype(np.float32), 10)
     assert choice is None
+
+
+def test_plan_is_the_same_in_groups_of_sampled_rows(rng, monkeypatch):
+    """The plan's (sampled rows, n) products are taken a few rows at a time on large n: the same choice."""
+    X = low_rank(rng, 9000, 256, 12, dtype=np.float32)
+    whole = knn_bounds.plan(X, 10, sample=64)[0]
+    monkeypatch.setattr(knn_bounds, "PLAN_ENTRIES", 7 * 9000)   # groups of 7 rows: 9 full groups and one of 1
+    assert knn_bounds.plan(X, 10, sample=64)[0] == whole
 
 
 def test_planned_search_equals_the_reference(rng):

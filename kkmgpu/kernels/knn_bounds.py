@@ -40,8 +40,9 @@ __all__ = ["GRID", "nearest_neighbors", "plan"]
 
 #: principal axes the plan considers (those under d / 2)
 GRID = (16, 32, 48, 64, 96, 128, 192, 256, 384)
-#: rows the plan samples
+#: rows the plan samples, and the entries of its (sampled rows, n) products at a time
 SAMPLE = 256
+PLAN_ENTRIES = 2**24
 #: below these the brute-force search is cheap enough not to plan at all
 MIN_ROWS, MIN_FEATURES = 8192, 64
 #: the plan prunes only when its estimate is under this fraction of the brute-force search's
@@ -176,22 +177,29 @@ def plan(A, n_neighbors: int, *, sample: int = SAMPLE, seed: int = 0):
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.choice(n, size=min(sample, n), replace=False))
     sq = np.einsum("ij,ij->i", A, A, dtype=np.float64)
-    D = A[rows] @ A.T                                   # the sampled rows' distances, less their own norms
-    D *= -2
-    D += sq.astype(A.dtype)[None, :]
-    D[np.arange(rows.size), rows] = np.inf
-    tau = (np.partition(D, n_neighbors - 1, axis=1)[:, n_neighbors - 1] + sq[rows]) * (1 + 1e-3)
-    del D
-    counts = np.zeros((rows.size, len(widths)), dtype=np.int64)
-    cross = np.zeros((rows.size, n), dtype=A.dtype)
-    psq = np.zeros(n)
+    psq = np.zeros((len(widths), n))
     g0 = 0
     for w, g in enumerate(widths):
-        cross += P[rows, g0:g] @ P[:, g0:g].T
-        psq += np.einsum("ij,ij->i", P[:, g0:g], P[:, g0:g], dtype=np.float64)
+        psq[w] = (psq[w - 1] if w else 0.0) + np.einsum("ij,ij->i", P[:, g0:g], P[:, g0:g], dtype=np.float64)
         g0 = g
-        tail = np.ascontiguousarray(tails[:, w])
-        _survivors(psq[rows], psq, cross, tail[rows], tail, tau, counts, w)
+    tails_by_width = np.ascontiguousarray(tails.T)
+    counts = np.zeros((rows.size, len(widths)), dtype=np.int64)
+    group = max(1, min(rows.size, PLAN_ENTRIES // n))   # sampled rows at a time: (group, n) products
+    for s0 in range(0, rows.size, group):
+        some = rows[s0:s0 + group]
+        D = A[some] @ A.T                                # the sampled rows' distances, less their own norms
+        D *= -2
+        D += sq.astype(A.dtype)[None, :]
+        D[np.arange(some.size), some] = np.inf
+        tau = (np.partition(D, n_neighbors - 1, axis=1)[:, n_neighbors - 1] + sq[some]) * (1 + 1e-3)
+        del D
+        cross = np.zeros((some.size, n), dtype=A.dtype)
+        g0 = 0
+        for w, g in enumerate(widths):
+            cross += P[some, g0:g] @ P[:, g0:g].T
+            g0 = g
+            tail = tails_by_width[w]
+            _survivors(psq[w, some], psq[w], cross, tail[some], tail, tau, counts[s0:s0 + group], w)
     counts -= 1   # each sampled row's own bound, 0
     brute = d + _epilogue(n_neighbors)
     best = (PAYS * brute, None)
