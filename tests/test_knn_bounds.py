@@ -4,7 +4,7 @@ and the threaded brute-force search under it (kkmgpu/kernels/knn_cpu.py ``search
 - the bounded search keeps a float64 cdist's neighbours, nearest first (ties to the lower index), with their
   float64 distances: when every row is certified from its candidate list, when none is (each row then walks all
   points within its bound), when the list holds every point, with duplicated points, in float32 far from the
-  origin (the rounding margin) and in float64;
+  origin and in float64;
 - its plan prunes data whose variance sits in a few directions and keeps the brute-force search for isotropic
   data, the same when its sampled rows are taken a few at a time; with prune="auto" small inputs take the
   brute-force search;
@@ -65,8 +65,8 @@ def test_duplicates_are_neighbours_at_zero_in_index_order(rng):
 
 
 def test_rounding_margin_keeps_float32_far_from_the_origin_exact(rng):
-    """float32 points 10^3 from the origin, 10^-2 apart: the centring, rotation and products lose about 1e-4 of
-    a squared distance, which the margin covers."""
+    """float32 points 10^3 from the origin and about 10^-2 apart, where GEMM-form distances of the raw points
+    would lose nearly every digit: the bounds are of the centred points, and the search stays exact."""
     X = (1e3 + 1e-2 * low_rank(rng, 500, 70, 5)).astype(np.float32)
     index, _ = knn_bounds.nearest_neighbors(X, 7, prune=True, distances=True, axes=6, n_candidates=12)
     np.testing.assert_array_equal(index, reference(X, 7)[0])
