@@ -221,46 +221,22 @@ def plot(args):
 
 def search(args):
     """The CPU graph step taken apart on MNIST's centred features: the bounded search's plan, its search on z,
-    its two walks, against the brute-force search on all pixels; and whether both keep the same neighbours."""
+    its two walks (its own report), against the brute-force search on all pixels; and whether both keep the same
+    neighbours."""
     from kkmgpu.kernels import knn_bounds, knn_cpu
 
     run = Run("cpu", sys.argv[1:])
     X, _ = load_mnist(args.n)
     A = X - X.mean(axis=0, dtype=np.float64).astype(np.float32)
-    n, d = A.shape
+    n = A.shape[0]
     k = args.n_neighbors
     knn_bounds.nearest_neighbors(A[:knn_bounds.MIN_ROWS + 1000], k)   # numba's cache, compiled or loaded
     clock = time.perf_counter
+    report = {}
     t = clock()
-    index, _ = knn_bounds.nearest_neighbors(A, k, distances=True)
-    steps = {"bounded_total": clock() - t}
-    t = clock()
-    choice, rotation = knn_bounds.plan(A, k)
-    steps["plan"] = clock() - t
-    case = {"id": f"search-n{n}-k{k}-cpu", "kind": "search", "n": n, "n_neighbors": k, "choice": choice}
-    if choice is not None:
-        axes, n_candidates = choice
-        _, _, P, tails, widths = rotation
-        Z = np.empty((n, axes + 1), dtype=A.dtype)
-        Z[:, :axes], Z[:, axes] = P[:, :axes], tails[:, widths.index(axes)]
-        t = clock()
-        keys, cand = knn_cpu.search(Z, n_candidates)
-        steps["search_z"] = clock() - t
-        zsq = np.einsum("ij,ij->i", Z, Z, dtype=np.float64)
-        znorm = np.sqrt(zsq)
-        margin = 4.0 * (d + axes + 8) * (np.finfo(A.dtype).eps / 2) * (znorm + znorm.max()) ** 2
-        best, arg = np.full((n, k), np.inf), np.full((n, k), -1, dtype=np.int64)
-        certified = np.zeros(n, dtype=np.bool_)
-        t = clock()
-        knn_bounds._walk_lists(A, cand, keys.astype(np.float64) + zsq[:, None], margin, best, arg, certified)
-        steps["walk_lists"] = clock() - t
-        rest = np.flatnonzero(~certified)
-        t = clock()
-        for r0 in range(0, rest.size, 512):
-            rows = rest[r0:r0 + 512]
-            knn_bounds._walk_all(A, rows, Z[rows] @ Z.T, zsq, margin, best, arg)
-        steps["walk_all"] = clock() - t
-        case.update(certified=float(certified.mean()), walked_all_rows=int(rest.size))
+    index = knn_bounds.nearest_neighbors(A, k, report=report)
+    steps = {"bounded_total": clock() - t, **report.pop("seconds")}
+    case = {"id": f"search-n{n}-k{k}-cpu", "kind": "search", "n": n, "n_neighbors": k, **report}
     t = clock()
     brute = knn_cpu.nearest_neighbors(A, k)
     steps["brute_force"] = clock() - t

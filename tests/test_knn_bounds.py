@@ -49,13 +49,18 @@ def test_bounded_search_equals_the_float64_reference(n_candidates, dtype, rng):
 
 
 def test_both_routes_are_taken(rng, monkeypatch):
-    """With few candidates some rows are certified from their lists and the others walk all points."""
+    """With few candidates some rows are certified from their lists and the others walk all points; the report
+    counts them."""
     X = low_rank(rng, 600, 50, 5)
     walked = []
     walk_all = knn_bounds._walk_all
     monkeypatch.setattr(knn_bounds, "_walk_all", lambda A, rows, *a: walked.append(rows.size) or walk_all(A, rows, *a))
     check(X, 8, rtol=1e-12, axes=4, n_candidates=12)
     assert 0 < sum(walked) < 600
+    report, first = {}, sum(walked)
+    knn_bounds.nearest_neighbors(X, 8, prune=True, axes=4, n_candidates=12, report=report)
+    assert report["route"] == "bounded" and report["walked_all_rows"] == first == sum(walked) - first
+    assert report["certified"] == 1 - first / 600
 
 
 def test_duplicates_are_neighbours_at_zero_in_index_order(rng):

@@ -20,8 +20,8 @@ z = (p, r) in g + 1 dimensions. So:
 Whether and with how many principal axes is decided on a sample of rows (:func:`plan`): their true neighbour
 distances and their bounds at each width of ``GRID`` estimate the cost of every choice against the brute-force
 search, in units of one feature of the half-matrix product pass, from costs measured on a 2-core CPU. On
-MNIST-70k (784 pixels, 10 neighbours) it picks 192 axes and 40 candidates, and the search takes 17 s against
-27.5 s for brute force (``bench/bench_graphs.py search``). On data without a few dominant directions it keeps
+MNIST-70k (784 pixels, 10 neighbours) it picks 192 axes and 40 candidates, and the search takes 15 s against
+29 s for brute force (``bench/bench_graphs.py search``). On data without a few dominant directions it keeps
 the brute-force search.
 
 The rounding margin covers the float rounding of the centred rows, the rotation and the products on z (a
@@ -31,10 +31,13 @@ is ruled out only when its bound exceeds tau by more than that.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from numba import njit, prange
 
 from kkmgpu.kernels import knn_cpu
+from kkmgpu.kernels.knn_cpu import _insert
 
 __all__ = ["GRID", "nearest_neighbors", "plan"]
 
@@ -58,28 +61,18 @@ def _epilogue(k: int) -> float:
     return max(80.0, 24.0 + 2.75 * k)
 
 
-@njit(inline="always")
-def _insert(best, arg, v, c):
-    p = best.shape[0] - 1
-    while p > 0 and (v < best[p - 1] or (v == best[p - 1] and c < arg[p - 1])):
-        best[p] = best[p - 1]
-        arg[p] = arg[p - 1]
-        p -= 1
-    best[p] = v
-    arg[p] = c
-
-
 @njit(nogil=True, cache=True)
 def _walk(A, i, cand, bound, margin, best, arg) -> bool:
     """Row i's exact neighbours from candidates in ascending ``bound`` (lower bounds of their squared distances,
-    to within ``margin``), into best/arg ((dist, index) ascending): True once a bound rules out the rest."""
-    k = best.shape[0]
+    to within ``margin``), into row i of best/arg ((dist, index) ascending): True once a bound rules out the
+    rest."""
+    k = best.shape[1]
     d = A.shape[1]
     for p in range(cand.shape[0]):
         j = cand[p]
         if j < 0:
             break
-        if arg[k - 1] >= 0 and bound[p] - margin > best[k - 1]:
+        if arg[i, k - 1] >= 0 and bound[p] - margin > best[i, k - 1]:
             return True
         if j == i:
             continue
@@ -87,15 +80,15 @@ def _walk(A, i, cand, bound, margin, best, arg) -> bool:
         for t in range(d):
             diff = np.float64(A[i, t]) - np.float64(A[j, t])
             s += diff * diff
-        if s < best[k - 1] or (s == best[k - 1] and j < arg[k - 1]):
-            _insert(best, arg, s, j)
+        if s < best[i, k - 1] or (s == best[i, k - 1] and j < arg[i, k - 1]):
+            _insert(best, arg, i, s, j)
     return False
 
 
 @njit(parallel=True, cache=True)
 def _walk_lists(A, cand, bound, margin, best, arg, certified):
     for i in prange(A.shape[0]):
-        certified[i] = _walk(A, i, cand[i], bound[i], margin[i], best[i], arg[i])
+        certified[i] = _walk(A, i, cand[i], bound[i], margin[i], best, arg)
 
 
 @njit(parallel=True, cache=True)
@@ -119,7 +112,7 @@ def _walk_all(A, rows, G, zsq, margin, best, arg):
         order = np.argsort(bound[:m], kind="mergesort")
         best[i, :] = np.inf
         arg[i, :] = -1
-        _walk(A, i, near[:m][order], bound[:m][order], margin[i], best[i], arg[i])
+        _walk(A, i, near[:m][order], bound[:m][order], margin[i], best, arg)
 
 
 def _principal_axes(A, sample: int = 16384, seed: int = 0):
@@ -217,7 +210,7 @@ def plan(A, n_neighbors: int, *, sample: int = SAMPLE, seed: int = 0):
 
 
 def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candidates=None, distances=False,
-                      chunk: int = 512):
+                      chunk: int = 512, report: dict | None = None):
     """int64 array (n, n_neighbors): the indices of the ``n_neighbors`` nearest other rows of A (n, d), nearest
     first where pruned, by exact float64 distances of the rows of A (ties to the lower index). With
     ``distances``: (index, sq), sq their float64 squared distances where pruned, None where not.
@@ -225,11 +218,19 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
     ``prune``: "auto" plans (:func:`plan`) at n >= MIN_ROWS and d >= MIN_FEATURES, else runs the brute-force
     search (:func:`kkmgpu.kernels.knn_cpu.nearest_neighbors`, not sorted by distance); True prunes, with
     ``axes`` and ``n_candidates`` if given (tests), else with the plan's choice if it has one; False never
-    prunes.
+    prunes. ``report``: a dict that takes the route, the choice, the seconds of each step and the rows
+    certified from their lists (``bench/bench_graphs.py search``).
     """
     n, d = A.shape
-    brute = (lambda: (knn_cpu.nearest_neighbors(A, n_neighbors), None)) if distances else (
-        lambda: knn_cpu.nearest_neighbors(A, n_neighbors))
+    report = {} if report is None else report
+    clock = time.perf_counter
+    t = clock()
+
+    def brute():
+        index = knn_cpu.nearest_neighbors(A, n_neighbors)
+        report.update(route="brute force", seconds={"search": clock() - t})
+        return (index, None) if distances else index
+
     if prune is False or (prune == "auto" and (n < MIN_ROWS or d < MIN_FEATURES)):
         return brute()
     if axes is None or n_candidates is None:
@@ -244,12 +245,15 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
         mean, V = _principal_axes(A)
         P, tails = _rotated(A, mean, V, (axes,))
         w = 0
+    seconds = {"plan": clock() - t}
     Z = np.empty((n, axes + 1), dtype=A.dtype)
     Z[:, :axes] = P[:, :axes]
     Z[:, axes] = tails[:, w]
     del P, tails
     n_candidates = int(min(n - 1, max(n_neighbors, n_candidates)))
+    t = clock()
     keys, cand = knn_cpu.search(Z, n_candidates)
+    seconds["search_z"] = clock() - t
     zsq = np.einsum("ij,ij->i", Z, Z, dtype=np.float64)
     bound = keys.astype(np.float64) + zsq[:, None]
     znorm = np.sqrt(zsq)
@@ -257,10 +261,15 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
     best = np.full((n, n_neighbors), np.inf)
     arg = np.full((n, n_neighbors), -1, dtype=np.int64)
     certified = np.zeros(n, dtype=np.bool_)
+    t = clock()
     _walk_lists(A, cand, bound, margin, best, arg, certified)
-    if n_candidates < n - 1:   # else every point was every point's candidate: the walks saw them all
-        rest = np.flatnonzero(~certified)
-        for r0 in range(0, rest.size, chunk):
-            rows = rest[r0:r0 + chunk]
-            _walk_all(A, rows, Z[rows] @ Z.T, zsq, margin, best, arg)
+    seconds["walk_lists"] = clock() - t
+    rest = np.flatnonzero(~certified) if n_candidates < n - 1 else np.empty(0, dtype=np.int64)
+    t = clock()   # (with every point every point's candidate, the walks saw them all)
+    for r0 in range(0, rest.size, chunk):
+        rows = rest[r0:r0 + chunk]
+        _walk_all(A, rows, Z[rows] @ Z.T, zsq, margin, best, arg)
+    seconds["walk_all"] = clock() - t
+    report.update(route="bounded", choice=(axes, n_candidates), seconds=seconds,
+                  certified=1.0 - rest.size / n, walked_all_rows=int(rest.size))
     return (arg, best) if distances else arg

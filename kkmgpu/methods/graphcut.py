@@ -19,7 +19,8 @@ through the usual Lloyd driver (``fit(K, kernel="precomputed", sample_weight=w)`
 Initialisation: ``init="spectral"`` (the default for these objectives) clusters the spectral embedding
 D^-1/2 V, V the top-k eigenvectors of D^-1/2 A D^-1/2 found by Lanczos (ARPACK) for a connected graph on the
 CPU, else by LOBPCG (a block method: it finds repeated eigenvalues such as one per connected component, which
-single-vector Lanczos misses), with kernel k-means on a linear kernel; each of ``n_init`` such partitions is then refined on the graph and the lowest objective kept.
+single-vector Lanczos misses), with kernel k-means on a linear kernel; each of ``n_init`` such partitions is
+then refined on the graph and the lowest objective kept.
 k-means++ in the graph kernel's feature space is available but measured much worse (docs/graphs.md).
 
 The objective reported is the normalized cut itself (``objective="ncut"``) or the negated ratio association
