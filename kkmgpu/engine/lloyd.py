@@ -13,6 +13,11 @@ An operator has ``n``, ``weights``, ``backend``, ``diag``, ``total_diag``, ``row
 treats S as opaque: an operator whose S is not one array on ``backend`` (the Dask operator: one block per
 worker) also provides ``totals(S, labels, k)``, ``assign(S, sizes, within, labels, counts)`` and
 ``cross(S, labels, k)``; the others get the single-device versions below.
+
+An iteration makes one device-to-host transfer: the sizes and totals of the new S together with the next
+assignment's moved count and cluster counts (the assignment runs before the host has read the objective; when the
+objective says stop, its result is dropped). The incremental update is told the moved count from that transfer.
+k-means++ seeding runs on the device: the draws are made on the host up front, one transfer at the end.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import numpy as np
 
 from kkmgpu import _progress
 from kkmgpu._progress import progress_bar
+from kkmgpu.backend.device import work_bytes
 
 
 class ConvergenceWarning(UserWarning):
@@ -94,11 +100,46 @@ def refill_empty_clusters(new_labels, min_dist, weights, k):
     return still_empty
 
 
-def _assign(operator, S, sizes, within, labels, counts):
-    """The assignment step: (new labels, distance to the chosen centre, number moved); ``counts`` filled in."""
+def _device_totals(operator, S, labels, k, xp):
+    """(2, k): the weighted sizes n_c and within-cluster totals C_c of ``labels`` from S, left on the device (for an
+    operator with its own ``totals``, on the host)."""
+    if hasattr(operator, "totals"):
+        sizes, within, _ = operator.totals(S, labels, k)
+        return np.stack([sizes, within])
+    own = xp.take_along_axis(S, labels[:, None].astype(xp.int64), axis=1)[:, 0]
+    return operator.backend.ops.cluster_totals(labels, operator.weights, own, k, sync=False)
+
+
+def _assign(operator, S, totals, labels, k, positive):
+    """The assignment step without a transfer: (new labels, distance to the chosen centre, statistics), the
+    statistics [number moved, points per cluster (k), and with ``positive`` (the indicator of positive weights)
+    positive-weight points per cluster (k)] left on the device."""
     if hasattr(operator, "assign"):
-        return operator.assign(S, sizes, within, labels, counts)
-    return operator.backend.ops.assign_labels(S, operator.diag, sizes, within, labels, counts=counts)
+        counts = np.empty(k, dtype=np.int64)
+        new_labels, min_dist, n_changed = operator.assign(S, totals[0], totals[1], labels, counts)
+        stats = np.r_[n_changed, counts]
+    else:
+        new_labels, min_dist, stats = operator.backend.ops.assign_labels(S, operator.diag, totals[0], totals[1],
+                                                                         labels, sync=False)
+    if positive is not None:
+        xp = operator.backend.xp
+        per_cluster = operator.backend.ops.cluster_totals(new_labels, positive, positive, k, sync=False)[0]
+        stats = xp.concatenate([xp.asarray(stats).astype(xp.float64), per_cluster])
+    return new_labels, min_dist, stats
+
+
+def _fetch(backend, totals, step, k):
+    """The one transfer of an iteration: (sizes, within) from ``totals`` and, host float64, the statistics of the
+    pending assignment ``step`` (None when there is none)."""
+    xp = backend.xp
+    parts = [xp.asarray(totals).ravel()] + ([xp.asarray(step[2]).astype(xp.float64)] if step is not None else [])
+    flat = np.asarray(backend.to_host(xp.concatenate(parts) if len(parts) > 1 else parts[0]), dtype=np.float64)
+    return flat[:k], flat[k:2 * k], (flat[2 * k:] if step is not None else None)
+
+
+def _objective(operator, sizes, within):
+    nonempty = sizes > 0
+    return operator.total_diag - float(np.sum(within[nonempty] / sizes[nonempty]))
 
 
 def _count_distinct_centres(operator, labels, S, sizes, within, k, xp) -> int:
@@ -152,11 +193,15 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
     backend = operator.backend
     xp = backend.xp
     t0 = backend.timer()
-    weights_h = backend.to_host(operator.weights)
-    has_zero_weights = bool((weights_h == 0).any())
-    counts = np.empty(k, dtype=np.int64)
+    # zero weights: the assignment also counts each cluster's positive-weight points (an empty cluster is one
+    # without any); otherwise its counts of all points tell
+    positive = (operator.weights > 0).astype(xp.float64) if bool((operator.weights == 0).any()) else None
     labels = backend.asarray(init_labels, dtype=np.int32)
-    S, sizes, within, objective = _update(operator, labels, k, xp)
+    S = operator.cluster_sums(labels, k)
+    totals = _device_totals(operator, S, labels, k, xp)
+    step = _assign(operator, S, totals, labels, k, positive) if max_iter >= 1 else None
+    sizes, within, stats = _fetch(backend, totals, step, k)
+    objective = _objective(operator, sizes, within)
     history = [objective]
     since_full = 0
     converged = False
@@ -167,14 +212,14 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
     if verbose:
         print(f"{prefix}iteration 0: objective {objective:.10g}")
     for n_iter in range(1, max_iter + 1):
-        new_labels, min_dist, n_changed = _assign(operator, S, sizes, within, labels, counts)
-        if counts.min() == 0 or has_zero_weights:
+        new_labels, min_dist, _ = step
+        n_changed = int(stats[0])
+        counts = stats[1 + k:] if positive is not None else stats[1:]  # positive-weight points per cluster
+        if counts.min() == 0:
             labels_h = backend.to_host(new_labels).astype(np.int32)
-            if np.bincount(labels_h[weights_h > 0], minlength=k).min() == 0:
-                dist_h = backend.to_host(min_dist)
-                refill_empty_clusters(labels_h, dist_h, weights_h, k)
-                new_labels = backend.asarray(labels_h)
-                n_changed = int((new_labels != labels).sum())
+            refill_empty_clusters(labels_h, backend.to_host(min_dist), backend.to_host(operator.weights), k)
+            new_labels = backend.asarray(labels_h)
+            n_changed = int((new_labels != labels).sum())
         if n_changed == 0:
             converged, stop_reason = True, "no point moved"
             if verbose:
@@ -184,13 +229,18 @@ def lloyd(operator, init_labels, k, *, max_iter=300, tol=1e-6, verbose=False, re
             update == "auto" and operator.incremental_cost(n_changed) < 1.0)) \
             and hasattr(operator, "update_cluster_sums") and since_full < FULL_REFRESH_EVERY
         if use_incremental:
-            S = operator.update_cluster_sums(S, labels, new_labels)
+            moved = {"n_moved": n_changed} if getattr(operator, "takes_moved_count", False) else {}
+            S = operator.update_cluster_sums(S, labels, new_labels, **moved)
             since_full += 1
         else:
             S = operator.cluster_sums(new_labels, k)
             since_full = 0
         labels = new_labels
-        sizes, within, new_objective = _totals(operator, S, labels, k, xp)
+        totals = _device_totals(operator, S, labels, k, xp)
+        # the next assignment before the transfer, so that one transfer serves both; dropped if this step ends the run
+        step = _assign(operator, S, totals, labels, k, positive) if n_iter < max_iter else None
+        sizes, within, stats = _fetch(backend, totals, step, k)
+        new_objective = _objective(operator, sizes, within)
         history.append(new_objective)
         if bar is not None:
             bar.set_postfix_str(f"{'' if restart is None else f'init {restart}, '}iteration {n_iter}: "
@@ -222,41 +272,84 @@ def random_partition(n, k, rng: np.random.Generator) -> np.ndarray:
 def kmeans_plus_plus(operator, k, rng: np.random.Generator, n_local_trials=None) -> np.ndarray:
     """Greedy k-means++ seeding in feature space, with d(i, j)^2 = K_ii + K_jj - 2 K_ij.
 
-    Returns the initial labels: every point assigned to its nearest seed (as scikit-learn's
+    Returns the initial labels (host int32): every point assigned to its nearest seed (as scikit-learn's
     ``_kmeans_plusplus`` seeds, with sample weights in the sampling).
+
+    Runs on the operator's device: the distances, the D^2 sampling (a cumulative sum searched for the draws) and
+    the choice among the trials. The draws are made on the host first, in the order a host loop makes them (one
+    uniform for the first seed, as ``rng.choice(n, p=w / sum w)`` does, then ``n_local_trials`` per seed), and
+    sent at once; the labels come back at the end: no transfer per seed when the operator gives kernel rows on
+    the device (``device_rows``), otherwise one per seed (the trials' indices). When every point coincides with a
+    seed (zero potential) the next seed is drawn uniformly among the unchosen positive-weight points.
     """
     backend = operator.backend
+    xp = backend.xp
     n = operator.n
-    w = backend.to_host(operator.weights).astype(np.float64)
-    diag = backend.to_host(operator.diag)
+    w = backend.asarray(operator.weights, dtype=np.float64)
+    diag = backend.asarray(operator.diag, dtype=np.float64)
+    rows = _rows_on_device(operator)
     if n_local_trials is None:
         n_local_trials = 2 + int(math.log(k))
-    p = w / w.sum()
-    centres = [int(rng.choice(n, p=p))]
-    closest = np.maximum(diag + diag[centres[0]] - 2.0 * operator.rows([centres[0]])[0], 0.0)
-    potential = float(w @ closest)
-    for _ in range(1, k):
-        if potential <= 0:  # every point coincides with a seed: pick any unused positive-weight point
-            remaining = np.setdiff1d(np.flatnonzero(w > 0), centres)
-            if remaining.size == 0:  # fewer positive-weight points than k (fit rejects this; kept for safety)
-                remaining = np.setdiff1d(np.arange(n), centres)
-            candidates = np.array([int(rng.choice(remaining))])
-        else:
-            cumulative = np.cumsum(w * closest)
-            draws = rng.uniform(size=n_local_trials) * cumulative[-1]
-            candidates = np.minimum(np.searchsorted(cumulative, draws), n - 1)
-        rows = operator.rows(candidates)
-        d = np.maximum(diag[None, :] + diag[candidates][:, None] - 2.0 * rows, 0.0)
-        d = np.minimum(closest[None, :], d)
+    first_draw = rng.random()
+    draws = backend.asarray(rng.uniform(size=(k - 1, n_local_trials)))
+    # the first seed as rng.choice(n, p=w / w.sum()) draws it: inverse CDF of the normalised cumulative sum
+    cdf = xp.cumsum(w / w.sum())
+    cdf /= cdf[-1]
+    first = xp.searchsorted(cdf, backend.asarray(np.array([first_draw])), side="right")
+    centres = xp.empty(k, dtype=xp.int64)
+    centres[:1] = first
+    chosen = xp.zeros(n, dtype=bool)
+    chosen[first] = True
+    positive = w > 0
+    closest = xp.maximum(diag + diag[first] - 2.0 * rows(first)[0], 0.0)
+    potential = w @ closest
+    for j in range(1, k):
+        # D^2 sampling; with zero potential (every point on a seed) uniform over the unchosen positive-weight
+        # points, or over the unchosen points when none is left
+        fallback = positive & ~chosen
+        fallback = xp.where(fallback.any(), fallback, ~chosen).astype(xp.float64)
+        cumulative = xp.cumsum(xp.where(potential > 0, w * closest, fallback))
+        candidates = xp.minimum(xp.searchsorted(cumulative, draws[j - 1] * cumulative[-1]), n - 1)
+        d = xp.maximum(diag[None, :] + diag[candidates][:, None] - 2.0 * rows(candidates), 0.0)
+        d = xp.minimum(closest[None, :], d)
         potentials = d @ w
-        best = int(np.argmin(potentials))
-        centres.append(int(candidates[best]))
+        best = xp.argmin(potentials)
+        centres[j] = candidates[best]
+        chosen[candidates[best]] = True
         closest = d[best]
-        potential = float(potentials[best])
-    rows = operator.rows(centres)
-    dist = diag[None, :] + diag[centres][:, None] - 2.0 * rows
-    labels = np.argmin(dist, axis=0).astype(np.int32)
-    labels[np.asarray(centres)] = np.arange(k, dtype=np.int32)  # a seed belongs to its own cluster
+        potential = potentials[best]
+    return backend.to_host(_nearest_seed(operator, rows, centres, diag, k)).astype(np.int32)
+
+
+def _rows_on_device(operator):
+    """index (device int64) -> float64 kernel rows K[index, :] on the operator's device: the operator's own
+    ``device_rows``, or its host ``rows`` sent over."""
+    if hasattr(operator, "device_rows"):
+        return operator.device_rows
+    backend = operator.backend
+    return lambda index: backend.asarray(operator.rows(backend.to_host(index)), dtype=np.float64)
+
+
+def _nearest_seed(operator, rows, centres, diag, k):
+    """Each point's nearest seed (the first of equal ones), the seeds in their own clusters; seeds in groups whose
+    rows fit a work buffer."""
+    xp = operator.backend.xp
+    n = operator.n
+    per_group = max(1, work_bytes(2 * 8 * k * n, operator.backend, 2 * 8 * n) // (2 * 8 * n))
+    labels = nearest = None
+    for c0 in range(0, k, per_group):
+        group = centres[c0:c0 + per_group]
+        dist = diag[None, :] + diag[group][:, None] - 2.0 * rows(group)
+        part = xp.argmin(dist, axis=0)
+        value = xp.take_along_axis(dist, part[None, :], axis=0)[0]
+        if labels is None:
+            labels, nearest = part, value
+        else:
+            closer = value < nearest
+            labels = xp.where(closer, part + c0, labels)
+            nearest = xp.where(closer, value, nearest)
+    labels = labels.astype(xp.int32)
+    labels[centres] = xp.arange(k, dtype=xp.int32)  # a seed belongs to its own cluster
     return labels
 
 
