@@ -13,6 +13,7 @@ from kkmgpu import _validation
 from kkmgpu.kernels import blocks as _kernels
 
 from kkmgpu.kernels import spec as _kernel_spec
+from kkmgpu.kernels.gemm import DEFAULT_PRECISION
 from kkmgpu.backend.device import memory_situation, resolve_device
 from kkmgpu.engine import sparse as _sparse
 from kkmgpu.methods import registry as _methods
@@ -34,7 +35,7 @@ def _prepare_inputs(X, backend, spec_args, dtype, precomputed, center_linear=Tru
 
 
 def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None,
-                  device="auto", dtype="float32"):
+                  device="auto", dtype="float32", gemm_precision=DEFAULT_PRECISION):
     """The kernel matrix between the rows of X and Y, built in tiles on the chosen device.
 
     Parameters
@@ -47,6 +48,8 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
     device : {"auto", "cpu", "cuda", "cuda:N"}
     dtype : {"float32", "float64", "float16"}
         Storage precision (float16 is computed in float32, then rounded).
+    gemm_precision : {"3xtf32", "fp32", "tf32"}, default="3xtf32"
+        As for :func:`fit`.
 
     Returns
     -------
@@ -64,7 +67,8 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
         raise ValueError("kernel='precomputed' makes no sense for kernel_matrix; pass a kernel function.")
     with memory_situation(dtype=dt), backend.activate():
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
-                                                   kernel_params=kernel_params), dt, False, center_linear=False)
+                                                   kernel_params=kernel_params, precision=gemm_precision), dt, False,
+                                  center_linear=False)
         ct = _kernel_spec.compute_dtype(dt)
         A = _kernels.prepare_features(X, spec, backend, ct)
         if Y is None:
@@ -91,10 +95,10 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         device="auto", dtype="float32", init="auto", n_init="auto", max_iter=300, tol=1e-6,
         sample_weight=None, random_state=None, verbose=False, keep_on_device=False,
         update="auto", n_samples_per_cluster=None, window=None, theta=None, rcond=None,
-        exact_objective=False, n_components=None, engine="auto", tf32=False, trim_vote_fraction=None,
-        trim_slack=None, trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform",
-        objective="kernel_kmeans", affinity="knn", n_neighbors=graphcut.DEFAULT_N_NEIGHBORS, graph_shift="auto",
-        progress=False) -> KernelKMeansResult:
+        exact_objective=False, n_components=None, engine="auto", gemm_precision=DEFAULT_PRECISION,
+        trim_vote_fraction=None, trim_slack=None, trim_h=None, trim_max_size=None, n_landmarks=None,
+        landmarks="uniform", objective="kernel_kmeans", affinity="knn", n_neighbors=graphcut.DEFAULT_N_NEIGHBORS,
+        graph_shift="auto", progress=False, tf32=None) -> KernelKMeansResult:
     """Cluster the rows of X into k clusters with kernel k-means.
 
     Lloyd iterations on the kernel matrix (papers' Eq. 3-4): every point moves to the cluster whose
@@ -190,10 +194,15 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         O(n d + n k) memory, 2 n^2 d flops per full pass, the same labels as "dense" from the same
         initial labels up to rounding. "auto" is "dense" when K fits the device's free memory, else
         "tiled" with a UserWarning. The tiled engine computes in float32 for dtype="float16".
-    tf32 : bool, default=False
-        Run the float32 GEMMs (tiled tiles, the dense build) on TF32 tensor cores (NVIDIA Ampere or
-        newer): inputs rounded to 10 mantissa bits, kernel values to about 1e-3 relative; see the
-        README for the measured effect on labels. A no-op with a warning on the CPU.
+    gemm_precision : {"3xtf32", "fp32", "tf32"}, default="3xtf32"
+        The precision of every GEMM of features into kernel values (the dense build, the tiled engine, CATS's,
+        approx's and eigen's blocks, predict), float32 data on an NVIDIA GPU with tensor cores (Ampere or
+        newer): "3xtf32" splits each operand into a TF32 part and its remainder (one tensor-core GEMM of 3 times
+        the features, float32-level error); "fp32" is plain IEEE float32; "tf32" one tensor-core GEMM (inputs
+        rounded to 10 mantissa bits: kernel values to about 1e-4). docs/performance.md ("GEMM precision") has
+        the errors measured on MNIST. The CPU and dtype="float64" always compute plainly (an explicit mode other
+        than the default warns there); ``result.method_params`` records "gemm_precision" and "gemm_mode", the
+        mode that ran. ``tf32=True`` is a deprecated alias of "tf32".
 
     n_samples_per_cluster : int, optional
         CATS: the l points sampled (uniformly, seeded) from each cluster per iteration, l >= 1. A cluster
@@ -276,6 +285,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     1.0
     """
     progress = check_progress(progress)
+    gemm_precision, tf32 = _validation.check_gemm_precision(gemm_precision, tf32), None
     objective = graphcut.check_objective(objective)
     if isinstance(init, str) and init == "auto":
         init = "spectral" if objective in graphcut.GRAPH_OBJECTIVES else "k-means++"
@@ -300,14 +310,15 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
                     tol=tol, sample_weight=sample_weight, random_state=random_state, verbose=verbose,
                     keep_on_device=keep_on_device, update=update, n_samples_per_cluster=n_samples_per_cluster,
                     window=window, theta=theta, rcond=rcond, exact_objective=exact_objective,
-                    n_components=n_components, engine=engine, tf32=tf32, trim_vote_fraction=trim_vote_fraction,
+                    n_components=n_components, engine=engine, gemm_precision=gemm_precision,
+                    trim_vote_fraction=trim_vote_fraction,
                     trim_slack=trim_slack, trim_h=trim_h, trim_max_size=trim_max_size, n_landmarks=n_landmarks,
                     landmarks=landmarks)
 
 
 def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, dtype, init, n_init, max_iter, tol,
          sample_weight, random_state, verbose, keep_on_device, update, n_samples_per_cluster, window, theta, rcond,
-         exact_objective, n_components, engine, tf32, trim_vote_fraction, trim_slack, trim_h, trim_max_size,
+         exact_objective, n_components, engine, gemm_precision, trim_vote_fraction, trim_slack, trim_h, trim_max_size,
          n_landmarks, landmarks):
     """:func:`fit` after the bandwidth-search branch, inside the progress scope."""
     t_start = time.perf_counter()
@@ -319,8 +330,10 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
     backend = resolve_device(device, (X,))
     with memory_situation(dtype=dt, method=method, engine=engine, precomputed=precomputed), backend.activate():
         X, spec = _prepare_inputs(X, backend, dict(kernel=kernel, gamma=gamma, degree=degree, coef0=coef0,
-                                                   kernel_params=kernel_params), dt, precomputed)
+                                                   kernel_params=kernel_params, precision=gemm_precision), dt,
+                                  precomputed)
         n = X.shape[0]
+        mode = _validation.gemm_mode_ran(gemm_precision, spec, backend, dt, n, X.shape[1], stacklevel=4)
         k = _validation.check_k(k, n)
         user_weights = _validation.check_sample_weight(sample_weight, n)
         weights_h, weight_scale = _validation.normalize_weights(user_weights)
@@ -336,7 +349,7 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
                                   weights_h=weights_h, init=init, n_init=n_init, max_iter=max_iter, tol=tol,
                                   rng=rng, verbose=verbose, keep_on_device=keep_on_device, update=update,
                                   t_start=t_start)
-        values = dict(engine=engine, tf32=tf32, n_samples_per_cluster=n_samples_per_cluster, window=window,
+        values = dict(engine=engine, n_samples_per_cluster=n_samples_per_cluster, window=window,
                       theta=theta, rcond=rcond, exact_objective=exact_objective, n_components=n_components,
                       trim_vote_fraction=trim_vote_fraction, trim_slack=trim_slack, trim_h=trim_h,
                       trim_max_size=trim_max_size, n_landmarks=n_landmarks, landmarks=landmarks)
@@ -356,6 +369,8 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
                                         t_start=t_start, t_valid=ctx.t_valid)
         else:
             result = _methods.METHODS[method].run(ctx, resolved)
+        result = dataclasses.replace(result, method_params={**(result.method_params or {}),
+                                                            "gemm_precision": gemm_precision, "gemm_mode": mode})
         return in_user_units(result, user_weights, weight_scale, spec)
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import numpy as np
 
+from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.methods import registry as _methods
 from kkmgpu.backend.device import Backend, check_fits, is_cupy_array, work_bytes
 
@@ -361,26 +363,58 @@ def check_eigen_params(method, *, n_components, n, dtype):
 ENGINES = ("auto", "dense", "tiled")
 
 
-def check_engine(engine, tf32, *, method, precomputed, backend: Backend, dtype):
-    """Validate ``engine`` and ``tf32`` (the exact method's kernel engine and its GEMM precision)."""
+def check_engine(engine, *, method, precomputed):
+    """Validate ``engine`` (the exact method's kernel engine)."""
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is not valid; use one of {list(ENGINES)}.")
-    if not isinstance(tf32, bool):
-        raise TypeError(f"tf32={tf32!r} must be True or False.")
     if engine != "auto" and method != "exact":
         raise ValueError(f"engine={engine!r} only applies to method='exact' (method={method!r}).")
     if engine == "tiled" and precomputed:
         raise ValueError("engine='tiled' recomputes kernel tiles from the features, and kernel='precomputed' has "
                          "none; use engine='dense' or 'auto'.")
-    if tf32:
-        if method != "exact":
-            raise ValueError(f"tf32=True only applies to method='exact' (method={method!r}).")
-        import warnings
-
-        if not backend.is_gpu:
-            warnings.warn("tf32=True has no effect on the CPU: its float32 GEMMs are IEEE float32. TF32 applies to "
-                          "NVIDIA GPUs with tensor cores (Ampere or newer).", UserWarning, stacklevel=3)
-        elif np.dtype(dtype) == np.float64:
-            warnings.warn("tf32=True has no effect with dtype='float64': TF32 rounds float32 GEMM inputs only.",
-                          UserWarning, stacklevel=3)
     return engine
+
+
+def check_gemm_precision(gemm_precision, tf32=None, stacklevel=3) -> str:
+    """The GEMM precision mode from ``gemm_precision`` and the deprecated ``tf32`` (None: not given).
+
+    ``tf32=True`` means ``gemm_precision="tf32"`` and ``tf32=False`` leaves ``gemm_precision`` as it is, each
+    with a FutureWarning; ``tf32=True`` beside another explicit mode is a ValueError.
+    """
+    gemm_precision = _gemm.check_precision(gemm_precision)
+    if tf32 is None:
+        return gemm_precision
+    if not isinstance(tf32, bool):
+        raise TypeError(f"tf32={tf32!r} must be True or False (or None); it is deprecated: use gemm_precision, one "
+                        f"of {', '.join(map(repr, _gemm.PRECISIONS))}.")
+    if tf32 and gemm_precision not in ("tf32", _gemm.DEFAULT_PRECISION):
+        raise ValueError(f"tf32=True and gemm_precision={gemm_precision!r} disagree; pass gemm_precision alone "
+                         "(tf32 is deprecated).")
+    chosen = "tf32" if tf32 else gemm_precision
+    warnings.warn(f"tf32={tf32!r} is deprecated; use gemm_precision={chosen!r} (one of "
+                  f"{', '.join(map(repr, _gemm.PRECISIONS))}; default {_gemm.DEFAULT_PRECISION!r}).", FutureWarning,
+                  stacklevel=stacklevel)
+    return chosen
+
+
+def gemm_mode_ran(gemm_precision, spec, backend: Backend, dtype, n: int, d: int, stacklevel=3):
+    """The GEMM mode a fit's kernel products run in (None without products: precomputed or callable kernels); a
+    UserWarning when an explicit mode other than the default has no effect there."""
+    from kkmgpu.kernels.blocks import gemm_mode
+
+    compute = np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+    mode = gemm_mode(spec, backend, compute, (n, n, d))
+    if gemm_precision == _gemm.DEFAULT_PRECISION or mode == gemm_precision:
+        return mode
+    if mode is None:
+        why = f"kernel={spec.name!r} has no kernel products of features"
+    elif not backend.is_gpu:
+        why = ("the CPU computes IEEE float32 GEMMs; the modes apply to NVIDIA GPUs with tensor cores (Ampere or "
+               "newer)")
+    elif compute == np.float64:
+        why = "dtype='float64' takes FP64 GEMMs; the modes apply to float32 operands"
+    else:
+        why = (f"a product with a side below {_gemm.MIN_TENSOR_CORE_SIDE} (here n={n}, d={d}) is memory-bound and "
+               "runs in plain float32")
+    warnings.warn(f"gemm_precision={gemm_precision!r} has no effect: {why}.", UserWarning, stacklevel=stacklevel)
+    return mode

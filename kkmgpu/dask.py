@@ -30,6 +30,7 @@ with dask-cuda's ``LocalCUDACluster`` each worker sees one GPU.
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from kkmgpu import _validation
 from kkmgpu.engine import sampled as _cats
 
 from kkmgpu.kernels import spec as _kernel_spec
+from kkmgpu.kernels.gemm import DEFAULT_PRECISION
 from kkmgpu.engine import lloyd as _lloyd
 from kkmgpu.engine.lloyd import initial_labels
 from kkmgpu._result import KernelKMeansResult, in_user_units
@@ -52,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 __all__ = ["fit"]
 
 
-def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dtype):
+def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dtype, precision=DEFAULT_PRECISION):
     """The kernel spec with gamma's data-scale default, and the centre and power-of-two scales that
     :func:`kkmgpu.kernels.spec.with_center` gives in-memory data, from statistics computed over the chunks."""
     name = _kernel_spec.canonical_kernel_name(kernel)
@@ -73,7 +75,7 @@ def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dtype):
     elif needs_gamma and gamma == "auto":
         gamma = 1.0 / d
     spec = _kernel_spec.resolve_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0, kernel_params=kernel_params,
-                                   X=np.zeros((1, d)), xp=np)
+                                   X=np.zeros((1, d)), xp=np, precision=precision)
     return _kernel_spec.with_center(spec, None, np, dtype, stats=(mean, hi, lo, spread, X.shape[0]))
 
 
@@ -98,9 +100,9 @@ def _check_dask_array(X):
 
 def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None, method="exact",
         device="auto", dtype="float32", init="k-means++", n_init="auto", max_iter=300, tol=1e-6,
-        sample_weight=None, random_state=None, verbose=False, update="auto", tf32=False,
+        sample_weight=None, random_state=None, verbose=False, update="auto", gemm_precision=DEFAULT_PRECISION,
         n_samples_per_cluster=None, window=None, theta=None, rcond=None, tile_rows=None, keep_features=False,
-        client=None) -> KernelKMeansResult:
+        client=None, tf32=None) -> KernelKMeansResult:
     """Kernel k-means of a Dask array, rows partitioned across the workers of a Dask cluster.
 
     Parameters
@@ -111,8 +113,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     k : int
         Number of clusters, 1 <= k <= n_samples.
     kernel, gamma, degree, coef0, kernel_params, dtype, init, n_init, max_iter, tol, sample_weight, \
-random_state, verbose, update, tf32
-        As for :func:`kkmgpu.fit`; gamma's "scale" default and the centring mean are computed from X with
+random_state, verbose, update, gemm_precision
+        As for :func:`kkmgpu.fit` (``tf32`` too, deprecated); gamma's "scale" default and the centring mean are computed from X with
         Dask. ``kernel="precomputed"`` is not supported; dtype "float16" computes in float32.
     method : {"exact", "cats"}, default="exact"
         "exact": the tiled engine on every worker (no n x n matrix anywhere). "cats": CATS with the
@@ -163,8 +165,7 @@ random_state, verbose, update, tf32
         raise ValueError(f"method={method!r} is not available in kkmgpu.dask; use 'exact' or 'cats'.")
     max_iter, tol, n_init = _validation.check_params(method=method, max_iter=max_iter, tol=tol, n_init=n_init,
                                                      init=init, update=update)
-    if not isinstance(tf32, bool):
-        raise TypeError(f"tf32={tf32!r} must be True or False.")
+    gemm_precision = _validation.check_gemm_precision(gemm_precision, tf32)
     if tile_rows is not None:
         tile_rows = _validation.check_int(tile_rows, "tile_rows", minimum=1)
     if not isinstance(device, str) or device not in ("auto", "cpu", "cuda"):
@@ -189,7 +190,7 @@ random_state, verbose, update, tf32
     cats_params = _validation.check_cats_params(
         method, n_samples_per_cluster=n_samples_per_cluster, window=window, theta=theta, rcond=rcond,
         exact_objective=False, n=n, k=k, dtype=dt)
-    spec = _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dt)
+    spec = _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dt, gemm_precision)
     t_valid = time.perf_counter()
 
     # one block of contiguous rows per worker; every worker gets all features once
@@ -202,14 +203,18 @@ random_state, verbose, update, tf32
     for b, address in enumerate(addresses):
         A_f = client.submit(_distributed.assemble, spec, ct, *parts, workers=[address], allow_other_workers=False, pure=False)
         blocks.append(client.submit(_distributed.make_block, A_f, weights_f, spec, int(bounds[b]), int(bounds[b + 1]), device,
-                                    tile_rows, tf32, workers=[address], allow_other_workers=False, pure=False))
+                                    tile_rows, workers=[address], allow_other_workers=False, pure=False))
     del A_f  # the host copy of the features is released once its block holds them (on a GPU: on the device)
     cluster = _distributed.Cluster(client, blocks, addresses, bounds)
     if spec.name == "callable":  # as kkmgpu.fit: a callable kernel must be symmetric, as a precomputed K is
         client.submit(_distributed.block_check_symmetric, blocks[0], spec, workers=[addresses[0]], allow_other_workers=False,
                       pure=False).result()
     info = cluster.gather(cluster.map(_distributed.block_info))
-    device_name = info[0][0]
+    device_name, gemm_mode = info[0][0], info[0][3]
+    if gemm_precision not in (DEFAULT_PRECISION, gemm_mode):
+        warnings.warn(f"gemm_precision={gemm_precision!r} has no effect on the workers ({device_name}, dtype="
+                      f"{dt.name!r}, {n} x {X.shape[1]}): their products run in {gemm_mode!r}.", UserWarning,
+                      stacklevel=2)
     diag_h = np.concatenate([i[1] for i in info])
     total_diag = float(sum(i[2] for i in info))
     del parts
@@ -241,7 +246,7 @@ random_state, verbose, update, tf32
         features = client.submit(_distributed.block_features, blocks[0], workers=[addresses[0]], pure=False).result()
     t_end = time.perf_counter()
     params = {"n_workers": n_blocks, "row_bounds": bounds.tolist(), "engine": "tiled" if method == "exact" else None,
-              "tf32": tf32}
+              "gemm_precision": gemm_precision, "gemm_mode": gemm_mode}
     if method == "cats":
         params.update(cats_params)
     labels = best["labels"].astype(np.int32)

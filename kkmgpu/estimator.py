@@ -18,6 +18,7 @@ from kkmgpu import _validation
 from kkmgpu.kernels import spec as _kernel_spec
 
 from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.kernels.gemm import DEFAULT_PRECISION
 
 from kkmgpu.methods import registry as _methods
 
@@ -100,7 +101,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
     and in model selection (``score`` is minus the objective, as for ``KMeans``); without scikit-learn
     installed it keeps the same methods on kkmgpu's own input checks.
 
-    Parameters that only one method uses (``engine``, ``tf32``: "exact"; ``n_samples_per_cluster``,
+    Parameters that only one method uses (``engine``: "exact"; ``n_samples_per_cluster``,
     ``window``, ``theta``, ``rcond``, ``exact_objective``: "cats"; ``n_components``: "eigen";
     ``trim_*``: "trimmed"; ``n_landmarks``, ``landmarks``: "approx") are ignored by the other methods, with a ``UserWarning`` when set to
     anything but their default (:func:`kkmgpu.fit` raises instead).
@@ -138,9 +139,10 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
                  method="exact", device="auto", dtype="float32", init="auto", n_init="auto",
                  max_iter=300, tol=1e-6, random_state=None, verbose=False, update="auto",
                  n_samples_per_cluster=None, window=None, theta=None, rcond=None, exact_objective=False,
-                 n_components=None, engine="auto", tf32=False, trim_vote_fraction=None, trim_slack=None,
-                 trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform", objective="kernel_kmeans",
-                 affinity="knn", n_neighbors=10, graph_shift="auto", progress=False):
+                 n_components=None, engine="auto", gemm_precision=DEFAULT_PRECISION, trim_vote_fraction=None,
+                 trim_slack=None, trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform",
+                 objective="kernel_kmeans", affinity="knn", n_neighbors=10, graph_shift="auto", progress=False,
+                 tf32=None):
         self.n_clusters = n_clusters
         self.kernel = kernel
         self.gamma = gamma
@@ -165,6 +167,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         self.exact_objective = exact_objective
         self.n_components = n_components
         self.engine = engine
+        self.gemm_precision = gemm_precision
         self.tf32 = tf32
         self.trim_vote_fraction = trim_vote_fraction
         self.trim_slack = trim_slack
@@ -308,12 +311,13 @@ def _objective_in_fitted_clusters(result, X, labels, weights) -> float:
         train_labels = backend.asarray(result._train_labels, dtype=np.int32)
         train_weights = backend.asarray(result._train_weights, dtype=np.float64)
         b_sq = (train * train).sum(axis=1) if spec.name in ("rbf", "laplacian") else None
+        right = _kernels.columns_operand(train, spec, backend, "the training points' GEMM operand")
         clusters = xp.arange(k, dtype=xp.int32)
         step = _kernels.tile_rows(train.shape[0], dt.itemsize, backend=backend)
 
         def cluster_sums(A):  # S (rows of A, k), float64, in row tiles
             return xp.concatenate([backend.ops.block_cluster_sums(
-                _kernels.kernel_block(A[i0:i0 + step], train, spec, backend, b_sq=b_sq), train_labels,
+                _kernels.kernel_block(A[i0:i0 + step], train, spec, backend, b_sq=b_sq, right=right), train_labels,
                 train_weights, k) for i0 in range(0, A.shape[0], step)])
 
         def own(S, lab):  # S[i, lab_i]

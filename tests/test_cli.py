@@ -99,6 +99,17 @@ def test_usage_errors_exit_2(blobs_csv, capsys):
     assert "usage: kkmgpu" in capsys.readouterr().err
 
 
+def test_gemm_precision_option(blobs_csv, capsys):
+    """--gemm-precision reaches the fit; the summary says the mode asked for and, where it differs, the mode that ran
+    (the CPU computes plain float32); a mode that is not one of the three is a usage error naming them."""
+    assert main(["fit", str(blobs_csv), "-k", "3", "--device", "cpu", "--seed", "0", "--gemm-precision", "fp32"]) == 0
+    assert re.search(r"^GEMM precision\s+fp32$", capsys.readouterr().out, re.MULTILINE)
+    assert main(["fit", str(blobs_csv), "-k", "3", "--device", "cpu", "--seed", "0"]) == 0
+    assert re.search(r"^GEMM precision\s+3xtf32 \(ran fp32: plain float32\)$", capsys.readouterr().out, re.MULTILINE)
+    assert main(["fit", str(blobs_csv), "-k", "3", "--gemm-precision", "bf16"]) == 2
+    assert re.search(r"invalid choice: 'bf16' \(choose from '?fp32'?, '?3xtf32'?, '?tf32'?\)", capsys.readouterr().err)
+
+
 def test_unusable_device_is_a_one_line_error(blobs_csv, capsys, monkeypatch):
     monkeypatch.delenv("KKMGPU_DEVICE", raising=False)
     monkeypatch.setattr(kkmgpu.backend.device, "cuda_unavailable_reason", lambda: "no GPU in this test")

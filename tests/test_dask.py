@@ -89,6 +89,21 @@ def test_default_gamma_and_float32_close_to_single_device(client):
     np.testing.assert_allclose(dist.objective, single.objective, rtol=1e-5)
 
 
+def test_gemm_precision_reaches_the_workers(client):
+    """The mode asked for and the mode the workers ran are recorded; the deprecated tf32=True is gemm_precision='tf32'
+    (a FutureWarning), which has no effect on CPU workers (a UserWarning) and gives the same labels."""
+    X, rng = _blobs(5, n=200, d=40)
+    init = rng.integers(0, 3, X.shape[0])
+    Xd = da.from_array(X, chunks=100)
+    plain = kkmgpu.dask.fit(Xd, 3, init=init, device="cpu", client=client, gemm_precision="fp32")
+    assert (plain.method_params["gemm_precision"], plain.method_params["gemm_mode"]) == ("fp32", "fp32")
+    with pytest.warns(FutureWarning, match="tf32=True is deprecated"), \
+            pytest.warns(UserWarning, match="gemm_precision='tf32' has no effect on the workers"):
+        alias = kkmgpu.dask.fit(Xd, 3, init=init, device="cpu", client=client, tf32=True)
+    assert (alias.method_params["gemm_precision"], alias.method_params["gemm_mode"]) == ("tf32", "fp32")
+    np.testing.assert_array_equal(alias.labels, plain.labels)
+
+
 def test_cats_same_labels_as_single_device(client):
     X, rng = _blobs(4, n=400)
     init = rng.integers(0, 3, X.shape[0])
@@ -133,6 +148,7 @@ def test_non_symmetric_callable_is_rejected(client):
     (None, dict(method="eigen"), ValueError, r"method='eigen' is not available in kkmgpu.dask"),
     (None, dict(device="cuda:1"), ValueError, r"device='cuda:1' is not valid"),
     (None, dict(tf32="yes"), TypeError, r"tf32='yes' must be True or False"),
+    (None, dict(gemm_precision="bf16"), ValueError, r"gemm_precision='bf16' is not one of 'fp32', '3xtf32', 'tf32'"),
 ])
 def test_validation(client, X, kwargs, error, match):
     if X is None:

@@ -295,6 +295,19 @@ def test_own_methods_parameters_reach_the_fit():
         KernelKMeans(3, method="eigen", n_components=0, device="cpu").fit(X)
 
 
+@pytest.mark.parametrize("method", ["exact", "cats", "eigen", "trimmed", "approx"])
+def test_gemm_precision_is_every_methods_parameter(device, method):
+    """gemm_precision belongs to no single method: each takes it silently, records it, and clones keep it."""
+    X, _ = blobs(80, 3, 3, seed=23)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = KernelKMeans(3, method=method, gemm_precision="fp32", random_state=0, device=device).fit(X)
+    assert est.result_.method_params["gemm_precision"] == "fp32" == est.result_.method_params["gemm_mode"]
+    assert clone(est).get_params()["gemm_precision"] == "fp32" and est.get_params()["tf32"] is None
+    with pytest.raises(ValueError, match=r"gemm_precision='fp16' is not one of 'fp32', '3xtf32', 'tf32'"):
+        KernelKMeans(3, method=method, gemm_precision="fp16", device=device).fit(X)
+
+
 # --------------------------------------------------------------------------- score
 
 

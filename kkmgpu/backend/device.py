@@ -243,11 +243,12 @@ def memory_advice(*, dtype=None, method=None, engine=None, precomputed=False) ->
     return "To need less: " + "; ".join(options) + "."
 
 
-def check_fits(nbytes: int, backend: Backend, what: str, advice: str | None = None) -> None:
+def check_fits(nbytes: int, backend: Backend, what: str, advice: str | None = None,
+               option: str | None = None) -> None:
     """Raise :class:`InsufficientMemoryError` unless ``nbytes`` fit the device with headroom.
 
     The message ends with ``advice``, by default :func:`memory_advice` for the :func:`memory_situation` the
-    allocation happens in.
+    allocation happens in, with ``option`` (one more way to need less) listed first.
     """
     available = backend.available_bytes()
     if available is None:
@@ -256,6 +257,8 @@ def check_fits(nbytes: int, backend: Backend, what: str, advice: str | None = No
     if nbytes > budget:
         if advice is None:
             advice = memory_advice(**(_MEMORY_SITUATION.get() or {}))
+            if option is not None:
+                advice = advice.replace("To need less: ", f"To need less: {option}; ", 1)
         raise InsufficientMemoryError(
             f"{what} needs {_format_bytes(nbytes)} ({nbytes} bytes) but device {backend.name} has "
             f"{_format_bytes(available)} ({available} bytes) available; an allocation may use at most "
@@ -335,25 +338,6 @@ def resolve_device(device="auto", arrays=()) -> Backend:
             f"device={device!r} was requested but only {count} CUDA device(s) are visible "
             f"(ordinals 0..{count - 1}).")
     return Backend("cuda", index)
-
-
-@contextlib.contextmanager
-def gemm_precision(backend: Backend, tf32: bool):
-    """Context in which float32 matrix products on ``backend`` use TF32 tensor cores (``tf32=True``).
-
-    CuPy's cuBLAS compute type for float32 (what ``CUPY_TF32=1`` sets process-wide) is switched for the
-    duration and restored afterwards. A no-op on the CPU and when ``tf32`` is False.
-    """
-    if not (tf32 and backend.is_gpu):
-        yield
-        return
-    linalg = cupy_linalg_routines()
-    previous = linalg.get_compute_type(np.float32)
-    linalg.set_compute_type(np.float32, getattr(linalg, "COMPUTE_TYPE_TF32", 7))  # CuPy's enum value
-    try:
-        yield
-    finally:
-        linalg.set_compute_type(np.float32, previous)
 
 
 def argsort_stable(xp, a):

@@ -10,6 +10,7 @@ import numpy as np
 
 import kkmgpu
 from kkmgpu import datasets
+from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.methods import registry as _methods
 from kkmgpu import demo as _demo
 from kkmgpu.metrics import nmi
@@ -105,6 +106,10 @@ def _build_parser():
     _add_device_argument(fit)
     fit.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                      help="precision of the kernel matrix (default: float32)")
+    fit.add_argument("--gemm-precision", choices=_gemm.PRECISIONS, default=_gemm.DEFAULT_PRECISION,
+                     help="GPU GEMM precision of the kernel products: 3xtf32 (float32-level error on tensor cores), "
+                          f"fp32 or tf32 (fastest, about 1e-4 error); the CPU computes float32 (default: "
+                          f"{_gemm.DEFAULT_PRECISION})")
     fit.add_argument("--init", choices=("auto", "k-means++", "random", "spectral"), default="auto",
                      help="initial partition (default: auto = spectral for a graph objective, else k-means++)")
     fit.add_argument("--n-init", type=int_or_auto, default="auto", metavar="N",
@@ -214,7 +219,7 @@ def _run_fit(args):
     result = kkmgpu.fit(
         X, args.k, kernel=args.kernel, gamma=args.gamma, degree=args.degree, coef0=args.coef0,
         device=args.device, dtype=args.dtype, init=args.init, n_init=args.n_init, max_iter=args.max_iter,
-        random_state=args.seed, verbose=args.verbose, method=args.method,
+        random_state=args.seed, verbose=args.verbose, method=args.method, gemm_precision=args.gemm_precision,
         progress=sys.stderr.isatty() if args.progress is None else args.progress,
         n_samples_per_cluster=args.samples_per_cluster, n_components=args.n_components,
         n_landmarks=args.n_landmarks, landmarks=args.landmarks,
@@ -232,6 +237,7 @@ def _run_fit(args):
         ("kernel", f"{result.kernel} ({params})" if params else result.kernel),
         ("device", f"{result.device}{device_note(args.device, result.device)}"),
         ("dtype", result.dtype),
+        *([("GEMM precision", _gemm_summary(result.method_params))] if result.method_params.get("gemm_mode") else []),
         ("method", result.method + (f" (l={result.method_params['l']}, stopped: {result.stop_reason})"
                                     if result.method == "cats" else "")),
         ("objective", format_number(result.objective) + {"cats": " (approximate distortion)",
@@ -274,6 +280,12 @@ def _run_fit(args):
     for name, value in summary:
         print(f"{name:<{width}}  {value}")
     return 0
+
+
+def _gemm_summary(params):
+    """The summary's GEMM precision row: the mode asked for, and the mode that ran where it differs."""
+    asked, ran = params["gemm_precision"], params["gemm_mode"]
+    return asked if ran == asked else f"{asked} (ran {ran}: {'a float64 GEMM' if ran == 'fp64' else 'plain float32'})"
 
 
 def _iterations_and_seconds(result):

@@ -24,14 +24,14 @@ from kkmgpu.kernels import blocks as _kernels
 class Block:
     """What one worker keeps for the whole run: all prepared features, its rows' operator and source."""
 
-    def __init__(self, A, weights, spec, r0, r1, device, tile_rows, tf32):
+    def __init__(self, A, weights, spec, r0, r1, device, tile_rows):
         self.backend = resolve_device(device)
         with self.backend.activate():
             self.A = self.backend.asarray(A)
             self.weights = self.backend.asarray(weights)
             self.r0, self.r1 = r0, r1
             self.operator = TiledKernelOperator(self.A, spec, self.weights, self.backend, tile_rows=tile_rows,
-                                                tf32=tf32, row_range=(r0, r1))
+                                                row_range=(r0, r1))
             self.source = _cats.KernelSource(self.A, spec, self.backend)
 
 
@@ -57,8 +57,8 @@ def assemble(spec, dtype, *parts):
     return out
 
 
-def make_block(A, weights, spec, r0, r1, device, tile_rows, tf32):
-    return Block(A, weights, spec, r0, r1, device, tile_rows, tf32)
+def make_block(A, weights, spec, r0, r1, device, tile_rows):
+    return Block(A, weights, spec, r0, r1, device, tile_rows)
 
 
 def block_check_symmetric(block, spec):
@@ -69,9 +69,11 @@ def block_check_symmetric(block, spec):
 
 
 def block_info(block):
-    """(backend name, K_ii of the block's rows as host float64, sum_i w_i K_ii over them)."""
+    """(backend name, K_ii of the block's rows as host float64, sum_i w_i K_ii over them, the GEMM mode of a full
+    pass: :func:`kkmgpu.kernels.gemm.effective_mode` of the spec's precision there)."""
     op = block.operator
-    return block.backend.name, block.backend.to_host(op.diag).astype(np.float64), op.total_diag
+    return (block.backend.name, block.backend.to_host(op.diag).astype(np.float64), op.total_diag,
+            _kernels.gemm_mode(op.spec, block.backend, block.A.dtype, (block.A.shape[0],) * 2 + (block.A.shape[1],)))
 
 
 def block_rows(block, index):

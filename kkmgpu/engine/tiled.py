@@ -1,12 +1,14 @@
 """The matrix-free (tiled) engine: cluster sums recomputed from the features every iteration, no n x n matrix.
 
 For each row tile [i0, i1) one GEMM gives the inner products G = A[i0:i1] A_cols^T (BLAS on the CPU,
-cuBLAS on a GPU), and one fused pass (:mod:`kkmgpu.kernels.tiled_cpu` / kernels_cuda/tiled.cu) turns every
+cuBLAS on a GPU, in the spec's precision mode: :mod:`kkmgpu.kernels.gemm`), and one fused pass
+(:mod:`kkmgpu.kernels.tiled_cpu` / kernels_cuda/tiled.cu) turns every
 entry into a kernel value and adds it, weighted, into the cluster sums of its row at once:
 
     S[i, c] = sum_{j in c} w_j k(x_i, x_j)                          (papers' Eq. 3-4)
 
-Columns are taken in label order, so each row's sums are contiguous runs. The incremental form after m
+Columns are taken in label order, so each row's sums are contiguous runs; their GEMM operand is gathered (and,
+in 3xTF32, split) once per pass, the rows' per tile. The incremental form after m
 points moved recomputes only the n x m tile of the moved columns: S += K[:, moved] dY. Memory is
 O(n d + n k) plus one tile; time 2 n^2 d flops per full pass (2 n m d incremental).
 
@@ -21,8 +23,9 @@ import warnings
 import numpy as np
 
 from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import spec as _kernel_spec
-from kkmgpu.backend.device import Backend, _format_bytes, argsort_stable, gemm_precision
+from kkmgpu.backend.device import Backend, _format_bytes, argsort_stable, check_fits
 from kkmgpu import _progress
 from kkmgpu._progress import progress_bar
 
@@ -83,13 +86,12 @@ class TiledKernelOperator:
     A : array of shape (n, d)
         Prepared features (:func:`kkmgpu.kernels.blocks.prepare_features`), float32 or float64, on the device.
     spec : KernelSpec
-        Any kernel but "precomputed".
+        Any kernel but "precomputed". Its ``precision`` is the GEMM mode of the tiles' products.
     weights : float64 array of shape (n,) on the device
     backend : Backend
     tile_rows : int, optional
-        Rows per tile (default: tiles of at most ``TILE_MAX_BYTES`` and TILE_FRACTION of the free memory).
-    tf32 : bool, default=False
-        float32 GEMMs on TF32 tensor cores (GPU only).
+        Rows per tile (default: a tile's inner products and, in 3xTF32, its rows' split operand within
+        ``TILE_MAX_BYTES`` and TILE_FRACTION of the free memory).
     row_range : (int, int), optional
         Compute S only for the rows [r0, r1) (against every point): a Dask worker's block. ``diag`` and
         ``total_diag`` then refer to those rows.
@@ -100,15 +102,14 @@ class TiledKernelOperator:
         ``fit(progress=...)`` says.
     """
 
-    def __init__(self, A, spec, weights, backend: Backend, *, tile_rows=None, tf32=False, row_range=None,
-                 verbose=False, progress=None):
+    def __init__(self, A, spec, weights, backend: Backend, *, tile_rows=None, row_range=None, verbose=False,
+                 progress=None):
         if spec.name == "precomputed":
             raise ValueError("the tiled engine computes K from features; kernel='precomputed' has none.")
         xp = backend.xp
         self.A, self.spec, self.weights, self.backend = A, spec, weights, backend
         self.n = A.shape[0]
         self.r0, self.r1 = (0, self.n) if row_range is None else (int(row_range[0]), int(row_range[1]))
-        self.tf32 = bool(tf32)
         self.verbose = bool(verbose)
         self.progress = _progress.active() if progress is None else bool(progress)
         self.ops = tiled_ops(backend)
@@ -131,24 +132,42 @@ class TiledKernelOperator:
 
     # -- tiles -------------------------------------------------------------------------------------
 
-    def tile_rows(self, n_cols: int) -> int:
-        """Rows per tile for a tile of ``n_cols`` columns."""
+    def pass_mode(self, n_cols: int):
+        """The GEMM mode of a pass over ``n_cols`` columns (every tile of the pass takes it), None for a callable."""
+        return _kernels.gemm_mode(self.spec, self.backend, self.A.dtype, (self.r1 - self.r0, n_cols, self.A.shape[1]))
+
+    def tile_rows(self, n_cols: int, mode=None) -> int:
+        """Rows per tile for a tile of ``n_cols`` columns (``mode``: the pass's GEMM mode, default
+        :meth:`pass_mode`; a 3xTF32 tile also holds its rows' split operand)."""
         if self._fixed_rows is not None:
             return self._fixed_rows
-        return max(1, min(self.r1 - self.r0, self._tile_bytes // max(1, n_cols * self._itemsize)))
+        row = n_cols * self._itemsize + _gemm.operand_bytes(1, self.A.shape[1], mode or self.pass_mode(n_cols))
+        return max(1, min(self.r1 - self.r0, self._tile_bytes // max(1, row)))
 
-    def _inner(self, i0, i1, cols, buffer):
-        """G = A[i0:i1] cols^T (a GEMM), or a callable's kernel block; returns (G, kind)."""
+    def _columns(self, index, mode, step):
+        """The columns A[index] as the pass's right GEMM operand (gathered, split in 3xTF32 a tile's rows at a
+        time), after checking that it fits beside a tile of ``step`` rows."""
+        n_cols, d = index.shape[0], self.A.shape[1]
+        operand = n_cols * d * (3 * 4 if mode == "3xtf32" else self._itemsize)
+        tile = step * (n_cols * self._itemsize + _gemm.operand_bytes(1, d, mode or "fp32"))
+        split = mode == "3xtf32"
+        check_fits(operand + tile, self.backend, f"the tiled engine's pass: {n_cols} columns"
+                   + (" (their 3xTF32 split)" if split else "") + f" and a {step}-row tile",
+                   option=_gemm.SPLIT_ADVICE if split else None)
+        if mode is None:
+            return self.A[index]
+        return _gemm.right_operand(self.A, mode, self._xp, index=index, chunk_rows=step)
+
+    def _inner(self, i0, i1, cols, buffer, mode):
+        """G = A[i0:i1] cols^T (a GEMM in the pass's ``mode``), or a callable's kernel block; returns (G, kind)."""
         rows = self.A[i0:i1]
         if self.spec.name == "callable":
             return _kernels.kernel_block(rows, cols, self.spec, self.backend), 0
         out = buffer[:i1 - i0]
-        with gemm_precision(self.backend, self.tf32):
-            self._xp.matmul(rows, cols.T, out=out)
+        _gemm.gemm(_gemm.left_operand(rows, mode, self._xp), cols, self.backend, mode, out=out)
         return out, self.kind
 
-    def _tiles(self, n_cols):
-        step = self.tile_rows(n_cols)
+    def _tiles(self, n_cols, step):
         buffer = None if self.spec.name == "callable" else \
             self._xp.empty((min(step, self.r1 - self.r0), n_cols), dtype=self.A.dtype)
         for i0 in range(self.r0, self.r1, step):
@@ -169,7 +188,7 @@ class TiledKernelOperator:
         out = np.empty((index.size, self.n), dtype=np.float64)
         everyone = xp.arange(self.n, dtype=xp.int64)
         for r, point in enumerate(index.tolist()):
-            G = xp.matmul(self.A[point:point + 1], self.A.T)
+            G = _gemm.product(self.A[point:point + 1], self.A, self.backend, self.spec.precision)
             self.ops.tile_epilogue(G, None if self.sq is None else self.sq[point:point + 1], self.sq, self.kind,
                                    *self._params(), everyone, point)
             out[r] = self.backend.to_host(G[0])
@@ -179,7 +198,9 @@ class TiledKernelOperator:
         """S (rows r0..r1, k) float64 for ``labels`` (device int32 (n,)), one GEMM tile at a time."""
         xp = self._xp
         order = argsort_stable(xp, labels)
-        cols = self.A[order]  # columns in label order: each row's cluster sums are contiguous runs
+        mode = self.pass_mode(self.n)
+        step = self.tile_rows(self.n, mode)
+        cols = self._columns(order, mode, step)  # columns in label order: each row's cluster sums are contiguous runs
         clusters = labels[order].astype(xp.int32)
         coeffs = self.weights[order]
         col_sq = None if self.sq is None else self.sq[order]
@@ -187,8 +208,8 @@ class TiledKernelOperator:
         rows = self.r1 - self.r0
         step = max(1, rows // 10)
         bar = progress_bar(rows, desc="tiled pass", unit="row", enabled=self.progress, leave=False)
-        for i0, i1, buffer in self._tiles(self.n):
-            G, kind = self._inner(i0, i1, cols, buffer)
+        for i0, i1, buffer in self._tiles(self.n, step):
+            G, kind = self._inner(i0, i1, cols, buffer, mode)
             self.ops.tile_cluster_sums(G, None if self.sq is None else self.sq[i0:i1], col_sq, kind,
                                        *self._params(), clusters, coeffs, order, i0,
                                        S[i0 - self.r0:i1 - self.r0])
@@ -209,13 +230,15 @@ class TiledKernelOperator:
         m = int(moved.shape[0])
         if m == 0:
             return S
-        cols = self.A[moved]
+        mode = self.pass_mode(m)
+        step = self.tile_rows(m, mode)
+        cols = self._columns(moved, mode, step)
         col_sq = None if self.sq is None else self.sq[moved]
         new_c = new_labels[moved].astype(xp.int32)
         old_c = old_labels[moved].astype(xp.int32)
         coeffs = self.weights[moved]
-        for i0, i1, buffer in self._tiles(m):
-            G, kind = self._inner(i0, i1, cols, buffer)
+        for i0, i1, buffer in self._tiles(m, step):
+            G, kind = self._inner(i0, i1, cols, buffer, mode)
             self.ops.tile_moved_sums(G, None if self.sq is None else self.sq[i0:i1], col_sq, kind,
                                      *self._params(), new_c, old_c, coeffs, moved, i0,
                                      S[i0 - self.r0:i1 - self.r0])

@@ -4,18 +4,22 @@ The kernel's name and parameters are a :class:`kkmgpu.kernels.spec.KernelSpec` (
 The matrix is built as inner products from a GEMM, then one fused elementwise pass
 (``ops.kernel_epilogue``) that turns them into kernel values in place. K(X, X) takes a single
 product X X^T written straight into K (BLAS syrk on the CPU: one triangle, mirrored); K(X, Y)
-and callables go in row tiles of about ``TILE_BYTES``.
+and callables go in row tiles of about ``TILE_BYTES``. Every product goes through :mod:`kkmgpu.kernels.gemm` in
+the spec's precision mode (``spec.precision``): with "3xtf32" the columns' operand is split once per matrix and
+the rows' per tile, each within the memory guard.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
 from kkmgpu.backend.device import Backend, check_fits, work_bytes
 
+from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels.epilogue_codes import EPILOGUE_CODES  # the twins read the same codes
 from kkmgpu.kernels.spec import DISTANCE_KERNELS, KernelSpec, UninformativeKernelWarning, compute_dtype
 
@@ -65,17 +69,56 @@ def training_kernel_rows(result, X_new, backend: Backend, dt, step, index=None):
         if index is not None:
             B = B[index]
         b_sq = (B * B).sum(axis=1) if spec.name in DISTANCE_KERNELS else None
+        right = columns_operand(B, spec, backend, "the training points' GEMM operand")
     for i0 in range(0, m, step):
         i1 = min(m, i0 + step)
         if spec.name == "precomputed":
             block = backend.asarray(X_new[i0:i1], dtype=dt)
             yield i0, i1, block if index is None else block[:, index]
         else:
-            yield i0, i1, kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq)
+            yield i0, i1, kernel_block(A_all[i0:i1], B, spec, backend, b_sq=b_sq, right=right)
 
 
-def kernel_block(A, B, spec: KernelSpec, backend: Backend, out=None, a_sq=None, b_sq=None):
-    """k(A_i, B_j) for prepared (centred, typed) features A (m, d) and B (n, d) into ``out`` (m, n)."""
+def gemm_mode(spec: KernelSpec, backend: Backend, dtype, shape=None):
+    """The GEMM mode the products of ``spec``'s features run in on ``backend`` (:func:`kkmgpu.kernels.gemm.
+    effective_mode`; ``shape`` = (rows, columns, features) of one product), None for kernels without products
+    (precomputed, callable)."""
+    if spec.name in ("precomputed", "callable"):
+        return None
+    return _gemm.effective_mode(spec.precision, backend, dtype, shape)
+
+
+def columns_operand(B, spec: KernelSpec, backend: Backend, what: str):
+    """B as the right operand of the products of ``spec`` (B itself, or its 3xTF32 split, prepared once for many
+    row blocks), after checking that the split copy fits the device."""
+    mode = gemm_mode(spec, backend, B.dtype)
+    if mode != "3xtf32":
+        return B
+    check_fits(_gemm.operand_bytes(B.shape[0], B.shape[1], mode), backend, f"{what} ({B.shape[0]} x "
+               f"{3 * B.shape[1]} float32, the 3xTF32 split of gemm_precision='3xtf32')", option=_gemm.SPLIT_ADVICE)
+    return _gemm.right_operand(B, mode, backend.xp)
+
+
+def _inner_products(A, B, spec: KernelSpec, backend: Backend, out, right=None):
+    """out = A B^T in the spec's GEMM mode. ``right``: B from :func:`columns_operand` (else prepared here). With
+    3xTF32 the rows' operand is split in chunks whose temporaries take at most WORK_FRACTION of the free memory."""
+    xp = backend.xp
+    (m, d), n = A.shape, B.shape[0]
+    mode = gemm_mode(spec, backend, A.dtype, (m, n, d))
+    if mode != "3xtf32":
+        return _gemm.gemm(A, B, backend, mode, out=out)
+    if right is None or right.shape[1] != 3 * d:
+        right = _gemm.right_operand(B, mode, xp)
+    per_row = _gemm.operand_bytes(1, d, mode)
+    step = max(1, work_bytes(m * per_row, backend, minimum=per_row) // per_row)
+    for r0 in range(0, m, step):
+        _gemm.gemm(_gemm.left_operand(A[r0:r0 + step], mode, xp), right, backend, mode, out=out[r0:r0 + step])
+    return out
+
+
+def kernel_block(A, B, spec: KernelSpec, backend: Backend, out=None, a_sq=None, b_sq=None, right=None):
+    """k(A_i, B_j) for prepared (centred, typed) features A (m, d) and B (n, d) into ``out`` (m, n), the product in
+    ``spec.precision``'s GEMM mode (``right``: B from :func:`columns_operand`, for blocks that share B)."""
     xp = backend.xp
     m, n = A.shape[0], B.shape[0]
     if spec.name == "callable":
@@ -98,7 +141,7 @@ def kernel_block(A, B, spec: KernelSpec, backend: Backend, out=None, a_sq=None, 
         return out
     if out is None:
         out = xp.empty((m, n), dtype=A.dtype)
-    xp.matmul(A, B.T, out=out)
+    _inner_products(A, B, spec, backend, out, right)
     code = EPILOGUE_CODES[spec.name]
     if code != 0:
         if spec.name in DISTANCE_KERNELS:
@@ -129,36 +172,45 @@ def build_kernel_matrix(A, B, spec: KernelSpec, backend: Backend, *, tile=None, 
     m, n = A.shape[0], B.shape[0]
     storage = np.dtype(A.dtype if storage is None else storage)
     itemsize = storage.itemsize
+    one_product = (A is B and spec.name != "callable" and tile is None and storage == A.dtype
+                   and (backend.is_gpu or m <= _CPU_SYRK_MAX_ROWS))
     # Tiles not computed in place in K (float16 storage, a callable's blocks) take a buffer beside K: one row of it
-    # at least must fit too, and the tiles are sized from what K leaves free.
+    # at least must fit too, and the tiles are sized from what K leaves free. With 3xTF32 the split operands sit
+    # beside K: both of X for the one product, the columns' for the tiles (the rows' are split per chunk).
+    mode = gemm_mode(spec, backend, A.dtype, (m, n, A.shape[1]))
+    split = _gemm.operand_bytes(m, A.shape[1], mode) if one_product else _gemm.operand_bytes(n, B.shape[1], mode)
     buffered = storage != A.dtype or spec.name == "callable"
-    check_fits(m * n * itemsize + (n * np.dtype(A.dtype).itemsize if buffered else 0), backend,
-               f"the {m} x {n} {storage.name} kernel matrix")
+    check_fits(m * n * itemsize + (n * np.dtype(A.dtype).itemsize if buffered else 0) + (2 * split if one_product
+               else split), backend, f"the {m} x {n} {storage.name} kernel matrix"
+               + (" and its 3xTF32 GEMM operands" if split else ""), option=_gemm.SPLIT_ADVICE if split else None)
     if verbose:
         print(f"[kkmgpu] building the {m} x {n} {spec.name} kernel matrix "
-              f"({m * n * itemsize / 2**20:.1f} MiB, {storage.name}) on {backend.name}")
-    K = xp.empty((m, n), dtype=storage)
+              f"({m * n * itemsize / 2**20:.1f} MiB, {storage.name}) on {backend.name}"
+              + (f", GEMM precision {mode}" if mode is not None else ""))
     distance = spec.name in DISTANCE_KERNELS
     a_sq = (A * A).sum(axis=1) if distance else None
     b_sq = (B * B).sum(axis=1) if distance else None
-    one_product = (A is B and spec.name != "callable" and tile is None and storage == A.dtype
-                   and (backend.is_gpu or m <= _CPU_SYRK_MAX_ROWS))
     if one_product:
         # K = kappa(X X^T): one product of X with itself straight into K (NumPy hands it to BLAS
         # syrk, which computes one triangle and mirrors it: a third less time than general GEMM
-        # tiles), then one fused elementwise pass over K.
-        xp.matmul(A, A.T, out=K)
+        # tiles), then one fused elementwise pass over K. With 3xTF32: [L|H|H] [H|L|H]^T, still one GEMM.
+        left, right = _gemm.left_operand(A, mode, xp), _gemm.right_operand(A, mode, xp)
+        K = xp.empty((m, n), dtype=storage)
+        _gemm.gemm(left, right, backend, mode, out=K)
+        del left, right
         code = EPILOGUE_CODES[spec.name]
         if code != 0:
             sq = a_sq if distance else xp.zeros(m, dtype=A.dtype)  # read for every row: full length
             backend.ops.kernel_epilogue(K, sq, sq, code, *spec.kernel_args)
     else:
+        right = None if spec.name == "callable" else columns_operand(B, spec, backend, "the columns' GEMM operand")
+        K = xp.empty((m, n), dtype=storage)
         step = tile or tile_rows(n, np.dtype(A.dtype).itemsize, backend=backend)
         for i0 in range(0, m, step):
             i1 = min(m, i0 + step)
             out = K[i0:i1] if storage == A.dtype else None
             block = kernel_block(A[i0:i1], B, spec, backend, out=out,
-                                 a_sq=None if a_sq is None else a_sq[i0:i1], b_sq=b_sq)
+                                 a_sq=None if a_sq is None else a_sq[i0:i1], b_sq=b_sq, right=right)
             if out is None:
                 _check_storable(block, storage, spec, backend)
                 K[i0:i1] = block  # rounded to the storage precision
@@ -236,6 +288,7 @@ def check_informative(spec: KernelSpec, backend: Backend, storage, *, X=None, K=
     per_column = 8 * (2 * rows.size + (X.shape[1] if K is None else 0) + 2)
     chunk = max(1, min(int(chunk_rows), work_bytes(int(chunk_rows) * per_column, backend) // per_column))
     blocks, diags = [], []
+    spec = replace(spec, precision="fp32")  # 32 sampled rows: a memory-bound product, judged in plain float32
     if K is None:
         compute = np.dtype(np.float32) if np.dtype(storage) == np.float16 else np.dtype(storage)
         sampled = prepare_features(X[idx], spec, backend, compute)

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kkmgpu.kernels.gemm import DEFAULT_PRECISION, check_precision
+
 
 KERNEL_NAMES = ("rbf", "polynomial", "sigmoid", "linear", "laplacian", "precomputed")
 
@@ -95,6 +97,8 @@ class KernelSpec:
     ``scale`` (a power of two) divides the centred features, ``value_scale`` (a power of two) the
     kernel values: the device computes K / value_scale from (X - center) / scale with the parameters
     of ``kernel_args``. Both are 1 unless the data's range needs them (see :func:`with_center`).
+    ``precision`` is the GEMM precision mode of every product of features (:mod:`kkmgpu.kernels.gemm`): whatever
+    takes the spec (kernel blocks, the dense build, the tiled engine, predict) computes its products in it.
     """
 
     name: str
@@ -108,6 +112,7 @@ class KernelSpec:
     value_scale: float = 1.0
     internal_gamma: float | None = None
     internal_coef0: float | None = None
+    precision: str = DEFAULT_PRECISION
 
     @property
     def resolved_params(self) -> dict:
@@ -170,11 +175,16 @@ def _finite_number(value, name):
 
 
 def resolve_kernel(kernel, *, gamma=None, degree=3, coef0=None, kernel_params=None,
-                   X=None, xp=np) -> KernelSpec:
+                   X=None, xp=np, precision=DEFAULT_PRECISION) -> KernelSpec:
     """Validate the kernel arguments and fill in the documented defaults from ``X``.
 
-    ``X`` (n, d) is needed for the data-scale defaults of gamma; for "precomputed" it is unused.
+    ``X`` (n, d) is needed for the data-scale defaults of gamma; for "precomputed" it is unused. ``precision``:
+    the GEMM precision mode of the kernel's products (ValueError naming the choices otherwise).
     """
+    return replace(_resolve(kernel, gamma, degree, coef0, kernel_params, X, xp), precision=check_precision(precision))
+
+
+def _resolve(kernel, gamma, degree, coef0, kernel_params, X, xp) -> KernelSpec:
     name = canonical_kernel_name(kernel)
     if kernel_params is not None and not isinstance(kernel_params, dict):
         raise TypeError(f"kernel_params={kernel_params!r} must be a dict or None.")

@@ -6,7 +6,6 @@ import numpy as np
 
 from kkmgpu import _validation
 from kkmgpu._result import KernelKMeansResult
-from kkmgpu.backend.device import gemm_precision
 from kkmgpu.engine.dense import DenseKernelOperator
 from kkmgpu.engine.lloyd import run_restarts
 from kkmgpu.engine.tiled import TiledKernelOperator, choose_engine
@@ -15,21 +14,19 @@ from kkmgpu.methods import registry
 
 
 def check(method, ctx, values):
-    engine = _validation.check_engine(values["engine"], values["tf32"], method=method, precomputed=ctx.precomputed,
-                                      backend=ctx.backend, dtype=ctx.dt)
-    return {"engine": engine, "tf32": values["tf32"]} if method == "exact" else None
+    engine = _validation.check_engine(values["engine"], method=method, precomputed=ctx.precomputed)
+    return {"engine": engine} if method == "exact" else None
 
 
 def run(ctx, params):
     """fit(method="exact"): the dense K (or a precomputed one) or the tiled engine, then the Lloyd driver."""
     X, k, n, spec, backend, dt = ctx.X, ctx.k, ctx.n, ctx.spec, ctx.backend, ctx.dt
-    precomputed, engine, tf32, verbose = ctx.precomputed, params["engine"], params["tf32"], ctx.verbose
+    precomputed, engine, verbose = ctx.precomputed, params["engine"], ctx.verbose
     K, features = _kernels.kernel_on_device(X, spec, backend, dt, precomputed)
     if not precomputed:
         engine = choose_engine(engine, n, dt, backend)
         if engine == "dense":
-            with gemm_precision(backend, tf32):
-                K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose, storage=dt)
+            K = _kernels.build_kernel_matrix(features, features, spec, backend, verbose=verbose, storage=dt)
         elif verbose:
             print(f"[kkmgpu] tiled engine: {n} x {n} {spec.name} kernel recomputed in tiles from "
                   f"{features.shape[1]} features each iteration (no kernel matrix) on {backend.name}")
@@ -39,7 +36,7 @@ def run(ctx, params):
     if precomputed or engine == "dense":
         operator = DenseKernelOperator(K, weights, backend)
     else:
-        operator = TiledKernelOperator(features, spec, weights, backend, tf32=tf32, verbose=verbose)
+        operator = TiledKernelOperator(features, spec, weights, backend, verbose=verbose)
     best, runs, init_seconds = run_restarts(operator, k, init=ctx.init, n_init=ctx.n_init, max_iter=ctx.max_iter,
                                             tol=ctx.tol, rng=ctx.rng, verbose=verbose, update=ctx.update)
     t_end = backend.timer()
@@ -60,7 +57,7 @@ def run(ctx, params):
         cluster_sizes=best.sizes.copy(), n_init=ctx.n_init,
         objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=ctx.weights_h,
         exact_objective=float(best.objective), stop_reason=best.stop_reason,
-        method_params={"engine": "dense" if precomputed else engine, "tf32": tf32},
+        method_params={"engine": "dense" if precomputed else engine},
         _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
         _within=best.within.copy(), _n_train=n)
 
@@ -83,4 +80,4 @@ def predict(result, X_new, backend, dt, batch_size):
 
 
 registry.register("exact", "the n x n kernel matrix on the device (or the tiled engine past its memory)",
-                  ("engine", "tf32"), check, run, predict)
+                  ("engine",), check, run, predict)
