@@ -49,6 +49,7 @@ except ImportError:  # benchmark the working tree this folder belongs to
 from kkmgpu import datasets  # noqa: E402
 from kkmgpu.backend import device as _backend
 from kkmgpu.kernels import blocks as _kernels
+from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.engine import lloyd as _lloyd
 from kkmgpu.engine.dense import DenseKernelOperator  # noqa: E402
@@ -119,7 +120,7 @@ def gemm_rates(backend, A, tile_rows, tf32=False, tile_repeats=3):
     xp = backend.xp
     n, d = A.shape
     rates = {}
-    with _backend.gemm_precision(backend, tf32):
+    with _gemm.compute_type(backend, "tf32" if tf32 else "fp32"):
         t = min(tile_rows, n)
         out = xp.empty((t, n), dtype=A.dtype)
         B = A[::-1].copy()  # a different operand: no symmetric (syrk) shortcut
@@ -137,7 +138,7 @@ def gemm_rates(backend, A, tile_rows, tf32=False, tile_repeats=3):
 
 def _prepare(X, backend, dtype=np.float32):
     Xd = backend.asarray(X)
-    spec = _kernel_spec.resolve_kernel("rbf", X=Xd, xp=backend.xp)
+    spec = _kernel_spec.resolve_kernel("rbf", X=Xd, xp=backend.xp, precision="fp32")  # plain FP32 unless --tf32
     spec = _kernel_spec.with_center(spec, Xd, backend.xp)
     return _kernels.prepare_features(Xd, spec, backend, dtype), spec
 
@@ -157,7 +158,7 @@ def case_scaling(run, backend, n, tf32=False, dense=False):
     del X
     weights = backend.asarray(np.ones(n))
     labels = backend.asarray(_lloyd.random_partition(n, K, np.random.default_rng(0)))
-    op = TiledKernelOperator(A, spec, weights, backend, tf32=tf32)
+    op = TiledKernelOperator(A, _kernel_spec.replace(spec, precision="tf32" if tf32 else "fp32"), weights, backend)
     tile = op.tile_rows(n)
     floors = gemm_rates(backend, A, tile, tf32=tf32)
     # one timed pass at the big sizes (a 1,000,000-point GPU iteration takes about 40 s: a warm-up and three

@@ -405,7 +405,8 @@ def test_estimator(device):
                        random_state=8, device=device, dtype="float64")
     np.testing.assert_array_equal(host(est.labels_), host(result.labels))
     assert est.inertia_ == pytest.approx(result.exact_objective, rel=1e-12)
-    assert est.result_.method_params == {"l": 9, "window": 4, "theta": 1e-5, "rcond": 1e-12}
+    assert est.result_.method_params == {"l": 9, "window": 4, "theta": 1e-5, "rcond": 1e-12,
+                                         "gemm_precision": "3xtf32", "gemm_mode": "fp64"}
     np.testing.assert_array_equal(est.predict(X), host(est.labels_))
     params = clone(est).get_params()
     assert params["method"] == "cats" and params["n_samples_per_cluster"] == 9 and params["theta"] == 1e-5

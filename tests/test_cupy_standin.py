@@ -301,13 +301,17 @@ def test_tf32_compute_type_rounds_float32_products(standin):
 
 
 def test_kkmgpu_gemm_precision_switches_the_standin(standin):
-    from kkmgpu.backend.device import Backend, gemm_precision
+    from kkmgpu.backend.device import Backend
+    from kkmgpu.kernels.gemm import compute_type
     cp = standin.cp
     from cupy._core import _routines_linalg as rl
 
     before = rl.get_compute_type(np.float32)
-    with gemm_precision(Backend("cuda", 0), True):
-        assert rl.get_compute_type(np.float32) == rl.COMPUTE_TYPE_TF32
+    for mode in ("tf32", "3xtf32"):
+        with compute_type(Backend("cuda", 0), mode):
+            assert rl.get_compute_type(np.float32) == rl.COMPUTE_TYPE_TF32
+    with compute_type(Backend("cuda", 0), "fp32"):
+        assert rl.get_compute_type(np.float32) == before
     assert rl.get_compute_type(np.float32) == before
     assert cp.__file__.startswith(str(STANDIN_DIR))
 

@@ -420,7 +420,7 @@ def test_auto_engine_falls_back_to_tiled_when_K_does_not_fit(device, monkeypatch
 def test_estimator_passes_engine():
     X = _blobs(np.random.default_rng(16), 120)
     model = kkmgpu.KernelKMeans(3, engine="tiled", device="cpu", random_state=0).fit(X)
-    assert model.result_.method_params == {"engine": "tiled", "tf32": False}
+    assert model.result_.method_params == {"engine": "tiled", "gemm_precision": "3xtf32", "gemm_mode": "fp32"}
     assert model.get_params()["engine"] == "tiled"
 
 
@@ -441,9 +441,10 @@ def test_engine_validation(kwargs, error, match):
 def test_tf32_is_a_noop_with_a_warning_on_the_cpu():
     X = _blobs(np.random.default_rng(18), 90)
     plain = kkmgpu.fit(X, 3, device="cpu", engine="tiled", random_state=1)
-    with pytest.warns(UserWarning, match="no effect on the CPU"):
-        tf32 = kkmgpu.fit(X, 3, device="cpu", engine="tiled", random_state=1, tf32=True)
+    with pytest.warns(UserWarning, match="gemm_precision='tf32' has no effect: the CPU"):
+        tf32 = kkmgpu.fit(X, 3, device="cpu", engine="tiled", random_state=1, gemm_precision="tf32")
     np.testing.assert_array_equal(tf32.labels, plain.labels)
+    assert tf32.method_params["gemm_mode"] == "fp32"
 
 
 @pytest.mark.gpu
@@ -452,19 +453,20 @@ def test_tf32_on_gpu_changes_few_labels():
     reason = cuda_skip_reason()
     if reason:
         pytest.skip(reason)
-    X = _blobs(np.random.default_rng(19), 3000, d=20, k=5)
+    X = _blobs(np.random.default_rng(19), 3000, d=40, k=5)  # d >= gemm.MIN_TENSOR_CORE_SIDE
     init = np.random.default_rng(20).integers(0, 5, 3000)
-    plain = kkmgpu.fit(X, 5, device="cuda", engine="tiled", init=init)
-    tf32 = kkmgpu.fit(X, 5, device="cuda", engine="tiled", init=init, tf32=True)
+    plain = kkmgpu.fit(X, 5, device="cuda", engine="tiled", init=init, gemm_precision="fp32")
+    tf32 = kkmgpu.fit(X, 5, device="cuda", engine="tiled", init=init, gemm_precision="tf32")
+    assert tf32.method_params["gemm_mode"] == "tf32"
     assert np.mean(tf32.labels == plain.labels) >= 0.99
     np.testing.assert_allclose(tf32.objective, plain.objective, rtol=1e-3)
 
 
 @pytest.mark.gpu
 def test_tf32_gemms_are_in_effect_and_bounded():
-    """tf32=True must really switch the tiled engine's GEMMs to TF32 (else the measured "effect" of TF32 would be
-    that of float32): its cluster sums are further from the float64 reference than float32's, within TF32's
-    rounding (inputs to 11 significant bits)."""
+    """gemm_precision="tf32" must really switch the tiled engine's GEMMs to TF32 (else the measured "effect" of TF32
+    would be that of float32): its cluster sums are further from the float64 reference than float32's, within
+    TF32's rounding (inputs to 11 significant bits); "3xtf32" stays at float32's level."""
     reason = cuda_skip_reason()
     if reason:
         pytest.skip(reason)
@@ -480,13 +482,14 @@ def test_tf32_gemms_are_in_effect_and_bounded():
     spec = _spec(X, "linear")
     A = _kernels.prepare_features(X, spec, be, np.float32)
     errors = {}
-    for tf32 in (False, True):
-        op = _tiled.TiledKernelOperator(A, spec, be.asarray(w), be, tile_rows=300, tf32=tf32)
+    for mode in ("fp32", "3xtf32", "tf32"):
+        op = _tiled.TiledKernelOperator(A, _kernel_spec.replace(spec, precision=mode), be.asarray(w), be,
+                                        tile_rows=300)
         S = be.to_host(op.cluster_sums(be.asarray(labels), k))
-        errors[tf32] = float(np.max(np.abs(S - expected) / bound))
-    assert errors[False] < 1e-6
-    assert errors[True] < 2.0**-10
-    assert errors[True] > 20 * errors[False], errors
+        errors[mode] = float(np.max(np.abs(S - expected) / bound))
+    assert errors["fp32"] < 1e-6 and errors["3xtf32"] < 1e-6
+    assert errors["tf32"] < 2.0**-10
+    assert errors["tf32"] > 20 * max(errors["fp32"], errors["3xtf32"]), errors
 
 
 def test_verbose_reports_the_progress_of_a_full_pass(capsys):
