@@ -441,6 +441,125 @@ def test_raw_module_launches_through_the_harness_and_refuses_host_arguments(stan
     np.testing.assert_array_equal(y.get(), np.ones(300))
 
 
+# ------------------------------------------------------------------------------------------ cost ledger
+
+def test_ledger_counts_launches_device_bytes_and_gemm_flops(standin):
+    cp = standin.cp
+    rng = np.random.default_rng(11)
+    m, k, n = 7, 5, 3
+    A_h, B_h = rng.random((m, k), dtype=np.float32), rng.random((n, k), dtype=np.float32)
+    with cp.cuda.standin_ledger() as led:
+        A, B = cp.asarray(A_h), cp.asarray(B_h)
+    assert (led.counts.launches, led.counts.syncs, led.counts.h2d_copies, led.counts.h2d_bytes) == \
+        (0, 0, 2, A_h.nbytes + B_h.nbytes)
+    with cp.cuda.standin_ledger() as led:
+        A[1:], A.T, A.reshape(-1), A[2], A.ravel(), cp.empty((4, 4))  # views and allocations: no kernel
+    assert led.counts == cp._ledger.Counts()
+    with cp.cuda.standin_ledger() as led:
+        C = A @ B.T
+    assert (led.counts.launches, led.counts.flops) == (1, {"fp32": 2 * m * n * k})
+    assert (led.counts.read_bytes, led.counts.written_bytes) == (A.nbytes + B.nbytes, C.nbytes)
+    from cupy._core import _routines_linalg as rl
+    previous = rl.get_compute_type(np.float32)
+    rl.set_compute_type(np.float32, rl.COMPUTE_TYPE_TF32)
+    try:
+        with cp.cuda.standin_ledger() as led:
+            cp.matmul(A, B.T)
+            cp.einsum("ik,jk->ij", A.astype(np.float64), B.astype(np.float64))
+    finally:
+        rl.set_compute_type(np.float32, previous)
+    assert led.counts.flops == {"tf32": 2 * m * n * k, "fp64": 2 * m * n * k}
+    assert led.launch_names == {"matmul": 1, "einsum": 1, "astype": 2}
+    idx = cp.asarray(np.array([4, 0, 4], dtype=np.int64))
+    with cp.cuda.standin_ledger() as led:
+        D = A + 1.0
+        A.sum(axis=1)
+        G = A[idx]
+        cp.zeros(10)
+        D[:, 0] = 0.0
+        A.astype(np.float64)
+    assert led.counts.launches == 6 and led.counts.syncs == 0
+    assert led.launch_names == {"add": 1, "sum": 1, "getitem": 1, "zeros": 1, "setitem": 1, "astype": 1}
+    # add reads A, writes D; sum reads A, writes m; the gather reads its rows and index, writes them; zeros and
+    # the column fill write; astype reads A and writes twice its bytes
+    assert led.counts.read_bytes == A.nbytes + A.nbytes + G.nbytes + idx.nbytes + A.nbytes
+    assert led.counts.written_bytes == D.nbytes + 4 * m + G.nbytes + 80 + 4 * m + 2 * A.nbytes
+
+
+def test_ledger_counts_syncs_transfers_and_where_they_happen(standin):
+    cp = standin.cp
+    d = cp.asarray(np.arange(12, dtype=np.float64))
+    mask = d > 5
+    with cp.cuda.standin_ledger() as led:
+        d.get()
+        cp.asnumpy(d)
+        float(d.sum())
+        int(d[3])
+        bool(d[0] == 0)
+        d[2].item()
+        d[:4].tolist()
+        cp.cuda.Device().synchronize()
+    assert led.counts.syncs == 8 and led.counts.launches == 2  # the sum and the comparison
+    assert led.counts.d2h_bytes == 2 * d.nbytes + 8 + 8 + 1 + 8 + 32
+    assert {kind for kind, _ in led.sync_sites} == {"get", "float", "int", "bool", "item", "tolist", "synchronize"}
+    assert all("test_cupy_standin.py" in site for _, site in led.sync_sites)
+    with cp.cuda.standin_ledger() as led:
+        cp.flatnonzero(mask)        # CuPy counts the nonzeros on the host to size its result
+        d[mask]                     # so does a boolean-mask gather
+        cp.bincount(cp.asarray(np.array([0, 2, 2], dtype=np.int32)))  # (x < 0).any() and x.max() sync
+        d[np.array([1, 2])]         # the host index is copied to the device
+    assert led.counts.syncs == 1 + 1 + 2
+    assert led.counts.h2d_copies == 2 and led.counts.h2d_bytes == 12 + 16
+    assert led.launch_names["flatnonzero"] == 3 and led.launch_names["bincount"] == 5
+
+
+def test_ledger_marks_phases_and_nested_ledgers(standin):
+    cp = standin.cp
+    a = cp.ones(8)
+    with cp.cuda.standin_ledger() as outer:
+        a + 1
+        outer.mark("first")
+        with cp.cuda.standin_ledger() as inner:
+            a * 2
+            float(a[0])
+        outer.mark("second")
+    assert inner.counts.launches == 1 and inner.counts.syncs == 1
+    (first, c1), (second, c2) = outer.phases()
+    assert (first, second) == ("first", "second")
+    assert (c1.launches, c1.syncs, c2.launches, c2.syncs) == (1, 0, 1, 1)
+    assert c1 + c2 == outer.counts and (outer.counts - c1) / 1 == c2 and (2 * c2).syncs == 2
+    a - 1  # outside every ledger: not counted
+    assert outer.counts.launches == 2 and "launches" in outer.report()
+
+
+_GATHER_KERNEL = r"""
+extern "C" __global__ void segment_sums(const float* K, const long long* rows, double* S, long long n, int m) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) for (int p = 0; p < m; ++p) S[i] += K[rows[p] * n + i];
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA-on-CPU harness needs g++")
+def test_ledger_counts_raw_kernel_arguments_by_constness_and_row_gathers(standin):
+    cp = standin.cp
+    x, y = cp.arange(300.0), cp.ones(300)
+    axpy = cp.RawModule(code=_KERNEL, options=("-std=c++14",)).get_function("axpy")
+    with cp.cuda.standin_ledger() as led:
+        axpy((2,), (256,), (x, y, np.int64(300), np.float64(2.0)))
+    # x behind a const pointer is read; y is read and written
+    assert (led.counts.launches, led.counts.read_bytes, led.counts.written_bytes) == (1, 2 * 2400, 2400)
+    n = 64
+    K = cp.asarray(np.random.default_rng(0).random((n, n), dtype=np.float32))
+    rows, S = cp.asarray(np.array([3, 9, 3], dtype=np.int64)), cp.zeros(n)
+    gather = cp.RawKernel(_GATHER_KERNEL, "segment_sums")
+    with cp.cuda.standin_ledger() as led:
+        gather((1,), (64,), (K, rows, S, np.int64(n), np.int32(3)))
+    np.testing.assert_allclose(S.get(), K.get()[[3, 9, 3]].sum(axis=0), rtol=1e-6)
+    # segment_sums reads K only at the three listed rows (cupy._ledger.ROW_GATHERS)
+    assert led.counts.read_bytes == 3 * n * 4 + rows.nbytes + S.nbytes and led.counts.written_bytes == S.nbytes
+
+
 def test_standin_does_not_leak_into_other_tests():
     """No stand-in module stays behind the fixture (the emulated run installs its own, which stays)."""
     leaked = [m for name, m in sys.modules.items() if _is_cupy_module(name) and m is not None and

@@ -34,7 +34,7 @@ from numpy import (bool_, byte, complex64, complex128, complexfloating, double, 
                    signedinteger, single, ubyte, uint, uint8, uint16, uint32, uint64, uintc, uintp, ulonglong,
                    unsignedinteger, ushort)
 
-from . import _core, cuda  # noqa: F401
+from . import _core, _ledger, cuda  # noqa: F401
 from ._core import _routines_linalg as _linalg_core
 from .cuda import RawKernel, RawModule  # noqa: F401
 from .cuda.memory import get_default_memory_pool, get_default_pinned_memory_pool  # noqa: F401
@@ -149,6 +149,94 @@ def _devices_in(args) -> list:
     return found
 
 
+# ------------------------------------------------------------------------------------------- cost ledger
+
+def _arrays_in(x) -> list:
+    """The device arrays in a result: an array, or tuples and lists of them."""
+    if isinstance(x, ndarray):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [a for v in x for a in _arrays_in(v)]
+    return []
+
+
+def _nbytes(arrays) -> int:
+    """Bytes of the distinct device arrays among ``arrays`` (one passed twice is read once)."""
+    seen, total = set(), 0
+    for a in arrays:
+        h = a._host
+        key = (h.__array_interface__["data"][0], h.shape, h.strides, h.dtype.char)
+        if key not in seen:
+            seen.add(key)
+            total += h.nbytes
+    return total
+
+
+def _mode(dtype) -> str:
+    """The compute mode of a matrix product of ``dtype`` operands (the cost ledger's flops key)."""
+    char = _np.dtype(dtype).char
+    if char in "dD":
+        return "fp64"
+    if char in "fF":
+        tf32 = _linalg_core.get_compute_type(_np.float32) == _linalg_core.COMPUTE_TYPE_TF32
+        return "tf32" if tf32 else "fp32"
+    return "fp16" if char == "e" else "int"
+
+
+#: functions that read what they gather (and their indices), not all of their first operand
+_GATHER_FUNCTIONS = frozenset("take take_along_axis choose compress extract".split())
+
+
+def _cost_of_call(name, inputs, out, result) -> None:
+    """The ledger's entry for a NumPy function run as a CuPy one: one launch (or :data:`_ledger.ROUTINES`'s)
+    when it gives a new buffer or writes ``out``; nothing for a view, metadata or a host value."""
+    short = name.rsplit(".", 1)[-1]
+    owners = {id(_owner(d._host)) for d in inputs}
+    new = [r for r in _arrays_in(result) if id(_owner(r._host)) not in owners]
+    if not new and not isinstance(out, ndarray):
+        return
+    written = _nbytes(new) + (out.nbytes if isinstance(out, ndarray) else 0)
+    operands = [d for d in inputs if d is not out]
+    read = written + _nbytes(operands[1:]) if short in _GATHER_FUNCTIONS else _nbytes(operands)
+    launches, syncs = _ledger.ROUTINES.get(short, (1, 0))
+    _ledger.launch(short, read, written, launches=launches, syncs=syncs)
+
+
+def _count_index(key) -> None:
+    """Host arrays and lists in an index are copied to the device (as CuPy does)."""
+    for k in key if isinstance(key, tuple) else (key,):
+        if isinstance(k, (_np.ndarray, list)):
+            _ledger.h2d(_np.asarray(k).nbytes)
+
+
+def _has_mask(key) -> bool:
+    for k in key if isinstance(key, tuple) else (key,):
+        dt = getattr(k, "dtype", None)
+        if (dt is not None and dt == _np.bool_ and getattr(k, "ndim", 0) > 0) or \
+                (isinstance(k, list) and k and all(isinstance(v, (bool, _np.bool_)) for v in k)):
+            return True
+    return False
+
+
+def _count_indexing(kind, a, key, moved_bytes, value=None) -> None:
+    """A gather (``a[key]``) or scatter (``a[key] = value``) by arrays: ``moved_bytes`` of selected elements."""
+    _count_index(key)
+    index_bytes = _nbytes(_devices_in(key if isinstance(key, tuple) else (key,)))
+    value_bytes = _nbytes(_devices_in((value,)))
+    if _has_mask(key):
+        launches, syncs = _ledger.ROUTINES[f"mask_{kind}"]
+        read = a.nbytes + index_bytes + value_bytes
+    else:
+        launches, syncs = 1, 0
+        read = (moved_bytes if kind == "getitem" else value_bytes) + index_bytes
+    _ledger.launch(kind, read, moved_bytes, launches=launches, syncs=syncs)
+
+
+def _count_gemm(name, a, b, result, flops) -> None:
+    """A matrix product: reads both operands, writes the product, ``flops`` in the operands' compute mode."""
+    _ledger.launch(name, a.nbytes + b.nbytes, result.nbytes, flops=flops, mode=_mode(_np.result_type(a, b)))
+
+
 #: functions whose first argument is a shape, dtypes, or scalars, not an array (CuPy reads sequences there)
 _SEQUENCE_FIRST = frozenset("""
     indices tri eye identity fromfunction frombuffer fromiter fromstring broadcast_shapes result_type can_cast
@@ -169,15 +257,20 @@ def _refuse_python_sequence(args, name: str) -> None:
                         "cupy.asarray it first)")
 
 
-def _device_function(func, name: str):
-    """NumPy's ``func`` as a CuPy function: no host arrays in, device arrays out."""
+def _device_function(func, name: str, this=None):
+    """NumPy's ``func`` as a CuPy function: no host arrays in, device arrays out (``this``: the device array whose
+    bound method ``func`` is)."""
     def call(*args, **kwargs):
         _refuse_host(args, name)
         if not name.startswith("cupy.ndarray."):
             _refuse_python_sequence(args, name)
         _refuse_host(tuple(kwargs.values()), name)
         out = func(*_unwrap(args), **_unwrap(kwargs))
-        return _wrap(out, _devices_in((*args, *kwargs.values())))
+        inputs = ([] if this is None else [this]) + _devices_in((*args, *kwargs.values()))
+        result = _wrap(out, inputs)
+        if _ledger.ACTIVE:
+            _cost_of_call(name, inputs, kwargs.get("out"), result)
+        return result
     call.__name__ = call.__qualname__ = name.rsplit(".", 1)[-1]
     call.__module__ = name.rsplit(".", 1)[0] if "." in name else "cupy"
     call.__doc__ = f"NumPy's {func.__name__} on device arrays (CuPy stand-in)."
@@ -209,7 +302,11 @@ class ufunc:
         if "where" in kwargs:
             _check_elementwise((kwargs["where"],), f"cupy.{self.__name__}")
         result = getattr(self._ufunc, method)(*_unwrap(args), **_unwrap(kwargs))
-        return _wrap(result, _devices_in((*args, *outs)))
+        result = _wrap(result, _devices_in((*args, *outs)))
+        if _ledger.ACTIVE:
+            _ledger.launch(self.__name__ if method == "__call__" else f"{self.__name__}.{method}",
+                           _nbytes(_devices_in(args)), _nbytes(_arrays_in(result)))
+        return result
 
     def __call__(self, *args, **kwargs):
         return self._call("__call__", args, kwargs)
@@ -230,6 +327,10 @@ class ufunc:
         if not isinstance(a, ndarray):
             raise _unsupported(a, f"cupy.{self.__name__}.at")
         _check_elementwise((b,), f"cupy.{self.__name__}.at")
+        if _ledger.ACTIVE:
+            _count_index(indices)
+            moved = a._host[_index(indices)].nbytes
+            _ledger.launch(f"{self.__name__}.at", 2 * moved + _nbytes(_devices_in((indices, b))), moved)
         if b is None:
             self._ufunc.at(a._host, _index(indices))
         else:
@@ -346,6 +447,8 @@ class ndarray:
     # ------------------------------------------------------------- host transfer
     def get(self, stream=None, order="C", out=None, blocking=True):
         """A copy on the host (a NumPy array), or the copy written into ``out``."""
+        if _ledger.ACTIVE:
+            _ledger.d2h("get", self.nbytes)
         if out is not None:
             if not isinstance(out, _np.ndarray):
                 raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
@@ -368,6 +471,8 @@ class ndarray:
             raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
         if arr.shape != self.shape:
             raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        if _ledger.ACTIVE:
+            _ledger.h2d(arr.nbytes)
         self._host[...] = arr
 
     # ------------------------------------------------------------- attributes
@@ -406,7 +511,7 @@ class ndarray:
             raise AttributeError(f"'cupy.ndarray' object has no attribute {name!r}")
         attr = getattr(self._host, name)
         if callable(attr):
-            method = _device_function(attr, f"cupy.ndarray.{name}")
+            method = _device_function(attr, f"cupy.ndarray.{name}", self)
 
             def bound(*args, **kwargs):
                 out = method(*args, **kwargs)
@@ -432,10 +537,14 @@ class ndarray:
                                                (order == "F" and self._host.flags.f_contiguous)):
             return self
         _POOL.check(self.size * dt.itemsize)
+        if _ledger.ACTIVE:
+            _ledger.launch("astype", self.nbytes, self.size * dt.itemsize)
         return _from_host(self._host.astype(dt, order=order or "K", copy=True))
 
     def copy(self, order="C"):
         _POOL.check(self.nbytes)
+        if _ledger.ACTIVE:
+            _ledger.launch("copy", self.nbytes, self.nbytes)
         return _from_host(self._host.copy(order=order))
 
     def fill(self, value):
@@ -444,15 +553,24 @@ class ndarray:
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
             value = value.item()
         _check_elementwise((value,), "cupy.ndarray.fill")
+        if _ledger.ACTIVE:
+            _ledger.launch("fill", _nbytes(_devices_in((value,))), self.nbytes)
         self._host.fill(_unwrap(value))
 
     def sort(self, axis=-1, kind=None):
         _check_sort_kind(kind, "cupy.ndarray.sort")
+        if _ledger.ACTIVE:
+            _ledger.launch("sort", self.nbytes, self.nbytes)
         self._host.sort(axis=axis, kind="stable")
 
     def argsort(self, axis=-1, kind=None):
         _check_sort_kind(kind, "cupy.ndarray.argsort")
-        return _from_host(self._host.argsort(axis=axis, kind="stable"))
+        return argsort(self, axis=axis)
+
+    def tolist(self):
+        if _ledger.ACTIVE:
+            _ledger.d2h("tolist", self.nbytes)
+        return self._host.tolist()
 
     def dot(self, b, out=None):
         return dot(self, b, out=out)
@@ -460,11 +578,16 @@ class ndarray:
     def item(self):
         if self.size != 1:
             raise ValueError("can only convert an array of size 1 to a Python scalar")
+        if _ledger.ACTIVE:
+            _ledger.d2h("item", self.itemsize)
         return self._host.item()
 
     # ------------------------------------------------------------- indexing
     def __getitem__(self, key):
-        return _wrap(self._host[_index(key)], (self,))
+        result = _wrap(self._host[_index(key)], (self,))
+        if _ledger.ACTIVE and _is_advanced(key):  # basic indexing gives a view (a 0-d one for a scalar index)
+            _count_indexing("getitem", self, key, result.nbytes)
+        return result
 
     def __setitem__(self, key, value):
         advanced = _is_advanced(key)
@@ -477,7 +600,18 @@ class ndarray:
             _refuse_host(value, "cupy.ndarray.__setitem__")
         elif not (isinstance(value, (ndarray, bool, int, float, complex, _np.generic))):
             raise TypeError(f"Unsupported type {type(value)}")
+        if _ledger.ACTIVE:
+            self._count_setitem(key, value, advanced)
         self._host[_index(key)] = _unwrap(value)
+
+    def _count_setitem(self, key, value, advanced):
+        if isinstance(value, (_np.ndarray, list, tuple)):
+            _ledger.h2d(_np.asarray(value).nbytes)  # CuPy copies a host value to the device first
+        target = self._host[_index(key)]
+        if advanced:
+            _count_indexing("setitem", self, key, target.nbytes, value)
+        else:
+            _ledger.launch("setitem", _nbytes(_devices_in((value,))), target.nbytes)
 
     # ------------------------------------------------------------- conversions
     def __len__(self):
@@ -489,27 +623,41 @@ class ndarray:
         return (self[i] for i in range(len(self._host)))
 
     def __bool__(self):
+        if _ledger.ACTIVE:
+            _ledger.d2h("bool", self.itemsize)
         return bool(self._host)
 
     def __int__(self):
+        if _ledger.ACTIVE:
+            _ledger.d2h("int", self.itemsize)
         return int(self._host)
 
     def __float__(self):
+        if _ledger.ACTIVE:
+            _ledger.d2h("float", self.itemsize)
         return float(self._host)
 
     def __complex__(self):
+        if _ledger.ACTIVE:
+            _ledger.d2h("complex", self.itemsize)
         return complex(self._host)
 
     # no __index__: CuPy has none (range(d), a_list[d] and operator.index(d) raise TypeError; a device scalar
     # would have to be copied to the host on every use, cupy/cupy#9109)
 
     def __repr__(self):
+        if _ledger.ACTIVE:
+            _ledger.d2h("repr", self.nbytes)
         return repr(self._host)
 
     def __str__(self):
+        if _ledger.ACTIVE:
+            _ledger.d2h("str", self.nbytes)
         return str(self._host)
 
     def __format__(self, spec):
+        if _ledger.ACTIVE:
+            _ledger.d2h("format", self.nbytes)
         return format(self._host, spec)
 
     def __copy__(self):
@@ -519,6 +667,8 @@ class ndarray:
         return self.copy()
 
     def __reduce__(self):  # pickled through the host, as CuPy does
+        if _ledger.ACTIVE:
+            _ledger.d2h("pickle", self.nbytes)
         return _rebuild, (self._host.copy(),)
 
     __hash__ = None
@@ -541,15 +691,22 @@ def _operator(name: str):
         args = _unwrap(others)
         if "matmul" in name:
             a, b = (args[0], self._host) if reflected else (self._host, args[0])
+            a0, b0 = a, b
             a, b = _linalg_core.gemm_operands(a, b)
+            product = a @ b
+            if _ledger.ACTIVE:
+                _count_gemm("matmul", a0, b0, product, 2 * _np.size(product) * (a0.shape[-1] if a0.ndim else 1))
             if inplace:
-                self._host[...] = a @ b
+                self._host[...] = product
                 return self
-            return _wrap(_np.matmul(a, b))  # 1-D @ 1-D is a NumPy scalar: a 0-d device array
+            return _wrap(_np.asarray(product))  # 1-D @ 1-D is a NumPy scalar: a 0-d device array
         out = getattr(self._host, name)(*args)
         if out is NotImplemented:
             return NotImplemented
-        return self if inplace or out is self._host else _wrap(out)
+        result = self if inplace or out is self._host else _wrap(out)
+        if _ledger.ACTIVE:
+            _ledger.launch(name.strip("_"), _nbytes([self, *_devices_in(others)]), _nbytes(_arrays_in(result)))
+        return result
     op.__name__ = name
     return op
 
@@ -577,12 +734,16 @@ def _array_of(obj, dtype, copy, order, ndmin):
             if all(isinstance(x, ndarray) for x in flat) and len({x.shape for x in flat}) == 1:
                 # CuPy concatenates a (nested) sequence of same-shaped device arrays on the device
                 host = _np.array(_unwrap(obj), dtype=dtype, order=order if order != "K" else "C", ndmin=ndmin)
+                if _ledger.ACTIVE:
+                    _ledger.launch("stack", _nbytes(flat), host.nbytes)
                 return _from_host(host)
             raise TypeError(_IMPLICIT)  # CuPy hands the mixed sequence to numpy.array, which calls __array__
     if type(obj).__module__.startswith(("scipy.sparse", "cupyx")):
         raise ValueError(f"Unsupported dtype object (a {type(obj).__name__} is not an array)")
     host = _np.array(obj, dtype=dtype, order=order if order in ("C", "F") else "K", ndmin=ndmin, copy=True)
     _POOL.check(host.nbytes)
+    if _ledger.ACTIVE:
+        _ledger.h2d(host.nbytes)
     return _from_host(host)
 
 
@@ -615,6 +776,8 @@ def ascontiguousarray(a, dtype=None):
     dt = a.dtype if dtype is None else _np.dtype(dtype)
     if dt == a.dtype and a._host.flags.c_contiguous:
         return a if a.ndim else _from_host(a._host.reshape(1))
+    if _ledger.ACTIVE:
+        _ledger.launch("ascontiguousarray", a.nbytes, a.size * dt.itemsize)
     return _from_host(_np.ascontiguousarray(a._host, dtype=dt))
 
 
@@ -625,6 +788,8 @@ def asfortranarray(a, dtype=None):
     dt = a.dtype if dtype is None else _np.dtype(dtype)
     if dt == a.dtype and a._host.flags.f_contiguous:
         return a
+    if _ledger.ACTIVE:
+        _ledger.launch("asfortranarray", a.nbytes, a.size * dt.itemsize)
     return _from_host(_np.asfortranarray(a._host, dtype=dt))
 
 
@@ -652,13 +817,17 @@ def is_available() -> bool:
     return True
 
 
-def _allocate(shape, dtype) -> None:
-    """Refuse an allocation the device cannot hold before the host makes it."""
-    _POOL.check(int(_np.prod(shape, dtype=_np.int64)) * _np.dtype(dtype).itemsize)
+def _allocate(shape, dtype, fill=None) -> None:
+    """Refuse an allocation the device cannot hold before the host makes it; ``fill``: the ledger's name of the
+    kernel that fills it (None: ``empty``, no kernel)."""
+    nbytes = int(_np.prod(shape, dtype=_np.int64)) * _np.dtype(dtype).itemsize
+    _POOL.check(nbytes)
+    if fill is not None and _ledger.ACTIVE:
+        _ledger.launch(fill, 0, nbytes)
 
 
 def zeros(shape, dtype=float, order="C"):
-    _allocate(shape, dtype)
+    _allocate(shape, dtype, "zeros")
     return _from_host(_np.zeros(shape, dtype=dtype, order=order))
 
 
@@ -668,7 +837,7 @@ def empty(shape, dtype=float, order="C"):
 
 
 def ones(shape, dtype=float, order="C"):
-    _allocate(shape, dtype)
+    _allocate(shape, dtype, "ones")
     return _from_host(_np.ones(shape, dtype=dtype, order=order))
 
 
@@ -678,7 +847,7 @@ def full(shape, fill_value, dtype=None, order="C"):
     _check_elementwise((fill_value,) if not isinstance(fill_value, _np.ndarray) else (), "cupy.full")
     value = _unwrap(fill_value)
     dt = _np.dtype(dtype) if dtype is not None else _np.asarray(value).dtype
-    _allocate(shape, dt)
+    _allocate(shape, dt, "full")
     return _from_host(_np.full(shape, value, dtype=dt, order=order))
 
 
@@ -687,7 +856,8 @@ def _like(np_func, name):
         if not isinstance(a, ndarray):
             raise _unsupported(a, f"cupy.{name}")
         _check_elementwise(args, f"cupy.{name}")
-        _allocate(a.shape if shape is None else shape, a.dtype if dtype is None else dtype)
+        _allocate(a.shape if shape is None else shape, a.dtype if dtype is None else dtype,
+                  None if name == "empty_like" else name)
         return _from_host(np_func(a._host, *_unwrap(args), dtype=dtype, order=order, shape=shape))
     create.__name__ = name
     return create
@@ -704,8 +874,11 @@ def arange(start, stop=None, step=1, dtype=None):
         if isinstance(x, (ndarray, _np.ndarray)):
             raise TypeError(f"cupy.arange takes Python or NumPy scalars, not a {type(x).__module__}.ndarray "
                             "(CuPy cannot read a device scalar as a bound: convert it with int() first)")
-    return _from_host(_np.arange(start, stop, step, dtype=dtype) if stop is not None else
-                      _np.arange(start, step=step, dtype=dtype))
+    out = _from_host(_np.arange(start, stop, step, dtype=dtype) if stop is not None else
+                     _np.arange(start, step=step, dtype=dtype))
+    if _ledger.ACTIVE:
+        _ledger.launch("arange", 0, out.nbytes)
+    return out
 
 
 def copyto(dst, src, casting="same_kind", where=None):
@@ -716,6 +889,8 @@ def copyto(dst, src, casting="same_kind", where=None):
             raise ValueError("non-scalar numpy.ndarray cannot be used for copyto")
         src = src.reshape(())[()]
     _check_elementwise((src, where), "cupy.copyto")
+    if _ledger.ACTIVE:
+        _ledger.launch("copyto", _nbytes(_devices_in((src, where))), dst.nbytes)
     _np.copyto(dst._host, _unwrap(src), casting=casting, where=True if where is None else _unwrap(where))
 
 
@@ -725,7 +900,10 @@ def _joining(np_func, name):
             if not isinstance(a, ndarray):
                 raise TypeError(f"Only cupy arrays can be {'concatenated' if name == 'concatenate' else 'stacked'} "
                                 f"(cupy.{name} got a {type(a).__module__}.{type(a).__name__})")
-        return _wrap(np_func(_unwrap(list(arrays)), *args, **_unwrap(kwargs)))
+        result = _wrap(np_func(_unwrap(list(arrays)), *args, **_unwrap(kwargs)))
+        if _ledger.ACTIVE:
+            _ledger.launch(name, _nbytes(list(arrays)), result.nbytes)
+        return result
     join.__name__ = name
     return join
 
@@ -742,6 +920,8 @@ def sort(a, axis=-1, kind=None):
     _check_sort_kind(kind, "cupy.sort")
     if not isinstance(a, ndarray):
         raise _unsupported(a, "cupy.sort")
+    if _ledger.ACTIVE:
+        _ledger.launch("sort", a.nbytes, a.nbytes)
     return _from_host(_np.sort(a._host, axis=axis, kind="stable"))
 
 
@@ -749,7 +929,10 @@ def argsort(a, axis=-1, kind=None):
     _check_sort_kind(kind, "cupy.argsort")
     if not isinstance(a, ndarray):
         raise _unsupported(a, "cupy.argsort")
-    return _from_host(_np.argsort(a._host, axis=axis, kind="stable"))
+    out = _from_host(_np.argsort(a._host, axis=axis, kind="stable"))
+    if _ledger.ACTIVE:
+        _ledger.launch("argsort", a.nbytes, out.nbytes)
+    return out
 
 
 def _gemm(np_func, name):
@@ -761,7 +944,15 @@ def _gemm(np_func, name):
         _refuse_host(args, f"cupy.{name}")
         _refuse_host(tuple(kwargs.values()), f"cupy.{name}")
         ha, hb = _linalg_core.gemm_operands(a._host, b._host)
-        return _wrap(np_func(ha, hb, *_unwrap(args), **_unwrap(kwargs)), _devices_in(tuple(kwargs.values())))
+        result = _wrap(np_func(ha, hb, *_unwrap(args), **_unwrap(kwargs)), _devices_in(tuple(kwargs.values())))
+        if _ledger.ACTIVE:
+            out = result._host
+            if name == "tensordot":  # a.size * b.size = contracted^2 * out.size
+                flops = 2 * (a.size * b.size * max(out.size, 1)) ** 0.5
+            else:
+                flops = 2 * out.size * (a.shape[-1] if a.ndim else 1)
+            _count_gemm(name, a._host, b._host, out, flops)
+        return result
     product.__name__ = name
     return product
 
@@ -779,7 +970,27 @@ def einsum(*operands, **kwargs):
             raise _unsupported(x, "cupy.einsum")
     hosts = _linalg_core.gemm_operands(*(x._host for x in arrays))
     args = (subscripts, *hosts) if subscripts is not None else hosts
-    return _wrap(_np.einsum(*args, **_unwrap(kwargs)))
+    result = _wrap(_np.einsum(*args, **_unwrap(kwargs)))
+    if _ledger.ACTIVE:
+        _count_einsum(subscripts, arrays, result)
+    return result
+
+
+def _count_einsum(subscripts, arrays, result) -> None:
+    """A contraction of two or more operands: 2 times the product of every index's size, in the operands'
+    compute mode; one operand (a sum, a transpose): a plain launch."""
+    read = _nbytes(arrays)
+    written = _nbytes(_arrays_in(result))
+    if len(arrays) < 2 or not isinstance(subscripts, str) or "." in subscripts:
+        if len(arrays) >= 2:
+            _ledger.note("einsum without explicit subscripts: flops not counted")
+        _ledger.launch("einsum", read, written)
+        return
+    sizes = {}
+    for term, x in zip(subscripts.split("->")[0].replace(" ", "").split(","), arrays):
+        sizes.update(zip(term, x.shape))
+    flops = 2 * float(_np.prod([float(v) for v in sizes.values()]))
+    _ledger.launch("einsum", read, written, flops=flops, mode=_mode(_np.result_type(*(x.dtype for x in arrays))))
 
 
 def _device_scalar(np_func, name):

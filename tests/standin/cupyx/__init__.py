@@ -28,6 +28,10 @@ def _scatter(op: str, a, slices, value):
     else:
         _cp._check_elementwise((value,), where)  # a basic slice: an in-place ufunc, device operands only
     ufunc = {"add": _np.add, "max": _np.maximum, "min": _np.minimum}[op]
+    if _cp._ledger.ACTIVE:
+        moved = a._host[_cp._index(slices)].nbytes
+        _cp._count_index(slices)
+        _cp._ledger.launch(f"scatter_{op}", moved + _cp._nbytes(_cp._devices_in((slices, value))), moved)
     ufunc.at(a._host, _cp._index(slices), _cp._unwrap(value).astype(a.dtype, copy=False)
              if isinstance(value, _cp.ndarray) else value)
 

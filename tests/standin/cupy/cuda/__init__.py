@@ -2,7 +2,9 @@
 CPU by the CUDA-on-CPU harness (tests/cudacpu), and the device-memory accounting of :mod:`cupy.cuda.memory`.
 
 Not CuPy API, for tests: :func:`standin_device_memory` (context manager) and :func:`standin_set_device_memory`
-set the emulated device's size in bytes (also ``KKMGPU_STANDIN_DEVICE_MEMORY`` at import).
+set the emulated device's size in bytes (also ``KKMGPU_STANDIN_DEVICE_MEMORY`` at import); :func:`standin_ledger`
+(context manager) counts what the operations inside would cost on a GPU (launches, synchronisations, transfers,
+device bytes, matrix-product flops: ``cupy._ledger``).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 
 import numpy as _np
 
+from .. import _ledger
 from . import cusolver, driver, memory, runtime  # noqa: F401  (submodules as attributes, as in CuPy)
 from .memory import (MemoryPool, OutOfMemoryError, PinnedMemoryPool,  # noqa: F401
                      get_default_memory_pool, get_default_pinned_memory_pool)
@@ -19,6 +22,7 @@ from .runtime import CUDARuntimeError  # noqa: F401
 
 standin_device_memory = memory.device_memory
 standin_set_device_memory = memory.set_device_memory
+standin_ledger = _ledger.ledger
 
 #: launch limits of the emulated device (an H100, compute capability 9.0)
 MAX_BLOCK_DIMS = (1024, 1024, 64)
@@ -55,7 +59,8 @@ class Device:
         runtime.setDevice(self.id)
 
     def synchronize(self):
-        pass
+        if _ledger.ACTIVE:
+            _ledger.d2h("synchronize", 0)
 
     @property
     def compute_capability(self) -> str:
@@ -98,7 +103,8 @@ class Event:
         self._time = time.perf_counter()
 
     def synchronize(self):
-        pass
+        if _ledger.ACTIVE:
+            _ledger.d2h("synchronize", 0)
 
     @property
     def done(self) -> bool:
@@ -132,7 +138,8 @@ class Stream:
         return self
 
     def synchronize(self):
-        pass
+        if _ledger.ACTIVE:
+            _ledger.d2h("synchronize", 0)
 
     def record(self, event=None):
         event = Event() if event is None else event
@@ -224,6 +231,42 @@ class _Kernel:
                                 "the parameter's exact type (CuPy would pass it as a 64-bit value)")
             raise TypeError(f"{self.name} argument {i}: Unsupported type {type(a)}")
         self._function(grid, block, tuple(args), shared_mem=int(shared_mem))
+        if _ledger.ACTIVE:
+            _kernel_cost(self.name, getattr(self._function, "params", None), args)
+
+
+def _kernel_cost(name, params, args) -> None:
+    """One launch of a raw kernel: the arrays behind ``const`` pointers read, the others read and written (each
+    distinct buffer once), the arguments of ``_ledger.ROW_GATHERS`` read at their rows only."""
+    import cupy
+
+    base = name.split("<", 1)[0]
+    gathers = _ledger.ROW_GATHERS.get(base, {})
+    names = [p.name for p in params] if params else []
+    read = written = 0
+    seen = set()
+    for i, a in enumerate(args):
+        if not isinstance(a, cupy.ndarray):
+            continue
+        h = a._host
+        key = (h.__array_interface__["data"][0], h.nbytes)
+        if key in seen:
+            continue
+        seen.add(key)
+        param = params[i] if params and i < len(params) else None
+        nbytes = h.nbytes
+        if param is not None and param.name in gathers:
+            rows_name = gathers[param.name]
+            if rows_name in names and h.ndim >= 1 and h.shape[0]:
+                nbytes = args[names.index(rows_name)].size * (h.nbytes // h.shape[0])
+            else:
+                _ledger.note(f"{base}: argument {param.name} counted in full (no argument {rows_name} to gather by)")
+        if param is None:
+            _ledger.note(f"{base}: parameter list unknown, every array counted as read and written")
+        read += nbytes
+        if param is None or not param.const:
+            written += nbytes
+    _ledger.launch(base, read, written)
 
 
 class RawModule:

@@ -39,7 +39,10 @@ def setDevice(device: int) -> None:
 
 
 def deviceSynchronize() -> None:
-    pass
+    from .. import _ledger
+
+    if _ledger.ACTIVE:
+        _ledger.d2h("synchronize", 0)
 
 
 def memGetInfo() -> tuple[int, int]:

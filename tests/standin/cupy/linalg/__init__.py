@@ -44,6 +44,8 @@ def eigh(a, UPLO="L"):
         raise ValueError("UPLO argument must be 'L' or 'U'")
     _batched_limit(a, "cupy.linalg.eigh")
     w, v = _np.linalg.eigh(a._host, UPLO=UPLO)
+    if _cp._ledger.ACTIVE:
+        _cp._ledger.launch("linalg.eigh", a.nbytes, w.nbytes + v.nbytes)
     return _cp._from_host(w), _cp._from_host(v)
 
 
@@ -53,7 +55,10 @@ def eigvalsh(a, UPLO="L"):
     if UPLO not in ("L", "U"):
         raise ValueError("UPLO argument must be 'L' or 'U'")
     _batched_limit(a, "cupy.linalg.eigvalsh")
-    return _cp._from_host(_np.linalg.eigvalsh(a._host, UPLO=UPLO))
+    w = _np.linalg.eigvalsh(a._host, UPLO=UPLO)
+    if _cp._ledger.ACTIVE:
+        _cp._ledger.launch("linalg.eigvalsh", a.nbytes, w.nbytes)
+    return _cp._from_host(w)
 
 
 def __getattr__(name):

@@ -13,6 +13,12 @@ copies the matrix to the host (a SciPy matrix) and ``toarray()`` gives a dense *
 
 Every method is SciPy's, on the host copy of the arrays; the known limits are those of SciPy (exact sparse
 arithmetic instead of cuSPARSE's order of summation).
+
+Under the cost ledger (``cupy.cuda.standin_ledger``) every operation on the device is one launch reading its
+operands' arrays and writing its result's; one whose result has a data-dependent number of stored entries (a
+sparse-sparse operation, zero or duplicate elimination, a conversion from COO, a row or column gather)
+synchronises, as cuSPARSE's nnz queries make CuPy do; a SciPy matrix given to a constructor is a host-to-device
+copy of its arrays, ``get()`` a device-to-host one.
 """
 from __future__ import annotations
 
@@ -52,6 +58,34 @@ def _adopt(sp):
     for a in arrays:
         _cp._from_host(a)  # charges the buffer once
     return sp
+
+
+def _sp_bytes(sp) -> int:
+    """Bytes of a SciPy matrix's arrays (what the device matrix holds)."""
+    names = ("data", "row", "col") if sp.format == "coo" else ("data", "indices", "indptr")
+    return sum(getattr(sp, name).nbytes for name in names)
+
+
+def _operand_bytes(x) -> int:
+    if isinstance(x, spmatrix):
+        return _sp_bytes(x._sp)
+    if isinstance(x, _cp.ndarray):
+        return x.nbytes
+    if isinstance(x, (tuple, list)):
+        return sum(_operand_bytes(v) for v in x)
+    return 0
+
+
+#: methods whose sparse result has a data-dependent number of stored entries (counted on the host: a sync)
+_NNZ_METHODS = frozenset("eliminate_zeros sum_duplicates multiply maximum minimum".split())
+
+
+def _count(name, operands, result, nnz_sync=False) -> None:
+    """The ledger's entry for one sparse operation (see the module docstring)."""
+    if _cp._ledger.ACTIVE:
+        written = _operand_bytes(result)
+        sync = (nnz_sync and isinstance(result, spmatrix)) or name in _NNZ_METHODS
+        _cp._ledger.launch(f"sparse.{name}", sum(_operand_bytes(x) for x in operands), written, syncs=int(sync))
 
 
 def _wrap(x):
@@ -95,6 +129,8 @@ class spmatrix:
     format = None
 
     def __init__(self, arg1, shape=None, dtype=None, copy=False):
+        if _cp._ledger.ACTIVE and _sps.issparse(arg1):
+            _cp._ledger.h2d(_sp_bytes(arg1 if arg1.format in ("csr", "csc", "coo") else arg1.tocsr()))
         sp = self._build(arg1, shape, dtype, copy)
         if dtype is not None:
             _check_dtype(dtype)
@@ -150,10 +186,14 @@ class spmatrix:
     # ---------------------------------------------------------------- host transfer
     def get(self, stream=None):
         """A copy of the matrix on the host (SciPy's matrix of the same format)."""
+        if _cp._ledger.ACTIVE:
+            _cp._ledger.d2h("sparse.get", _sp_bytes(self._sp))
         return self._sp.copy()
 
     def toarray(self, order=None, out=None):
-        return _cp._from_host(self._sp.toarray(order=order))
+        result = _cp._from_host(self._sp.toarray(order=order))
+        _count("toarray", (self,), result)
+        return result
 
     def todense(self, order=None, out=None):
         return self.toarray(order=order)
@@ -172,25 +212,37 @@ class spmatrix:
         where = f"cupyx.scipy.sparse.{type(self).__name__}.{name}"
 
         def method(*args, **kwargs):
+            before = self.format
             out = attr(*_unwrap(args, where), **{k: _unwrap(v, where) for k, v in kwargs.items()})
             _adopt(self._sp)  # an in-place method may have replaced the arrays
-            return self if out is self._sp else _wrap(out)
+            result = self if out is self._sp else _wrap(out)
+            if out is None or isinstance(result, (spmatrix, _cp.ndarray)):
+                _count(name, (self, *args, *kwargs.values()), self if out is None else result,
+                       nnz_sync=before == "coo" and name in ("tocsr", "tocsc"))
+            return result
         method.__name__ = name
         return method
 
     def astype(self, t):
         _check_dtype(t)
-        return _wrap(self._sp.astype(t))
+        result = _wrap(self._sp.astype(t))
+        _count("astype", (self,), result)
+        return result
 
     def copy(self):
-        return _wrap(self._sp.copy())
+        result = _wrap(self._sp.copy())
+        _count("copy", (self,), result)
+        return result
 
     def __getitem__(self, key):
+        operands = (self, *(key if isinstance(key, tuple) else (key,)))
         if isinstance(key, tuple):
             key = tuple(k._host if isinstance(k, _cp.ndarray) else k for k in key)
         elif isinstance(key, _cp.ndarray):
             key = key._host
-        return _wrap(self._sp[key])
+        result = _wrap(self._sp[key])
+        _count("getitem", operands, result, nnz_sync=True)
+        return result
 
     def __len__(self):
         raise TypeError("sparse matrix length is ambiguous; use getnnz() or shape[0]")
@@ -207,15 +259,29 @@ def _binary(name):
                 _unwrap(other, f"cupyx.scipy.sparse {name}")  # raises
             return NotImplemented
         out = getattr(self._sp, name)(_unwrap(other, f"cupyx.scipy.sparse {name}"))
-        return NotImplemented if out is NotImplemented else _wrap(out)
+        if out is NotImplemented:
+            return NotImplemented
+        result = _wrap(out)
+        _count(name.strip("_"), (self, other), result, nnz_sync=isinstance(other, spmatrix) or name in (
+            "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"))
+        return result
     op.__name__ = name
     return op
 
 
 for _name in ("add radd sub rsub mul rmul matmul rmatmul truediv pow eq ne lt le gt ge").split():
     setattr(spmatrix, f"__{_name}__", _binary(f"__{_name}__"))
-spmatrix.__neg__ = lambda self: _wrap(-self._sp)
-spmatrix.__abs__ = lambda self: _wrap(abs(self._sp))
+def _unary(name, func):
+    def op(self):
+        result = _wrap(func(self._sp))
+        _count(name, (self,), result)
+        return result
+    op.__name__ = f"__{name}__"
+    return op
+
+
+spmatrix.__neg__ = _unary("neg", lambda sp: -sp)
+spmatrix.__abs__ = _unary("abs", abs)
 spmatrix.__hash__ = None
 
 
