@@ -199,16 +199,16 @@ class TiledKernelOperator:
         xp = self._xp
         order = argsort_stable(xp, labels)
         mode = self.pass_mode(self.n)
-        step = self.tile_rows(self.n, mode)
-        cols = self._columns(order, mode, step)  # columns in label order: each row's cluster sums are contiguous runs
+        tile = self.tile_rows(self.n, mode)
+        cols = self._columns(order, mode, tile)  # columns in label order: each row's cluster sums are contiguous runs
         clusters = labels[order].astype(xp.int32)
         coeffs = self.weights[order]
         col_sq = None if self.sq is None else self.sq[order]
         S = xp.zeros((self.r1 - self.r0, k), dtype=xp.float64)
         rows = self.r1 - self.r0
-        step = max(1, rows // 10)
+        step = max(1, rows // 10)  # of the verbose progress lines
         bar = progress_bar(rows, desc="tiled pass", unit="row", enabled=self.progress, leave=False)
-        for i0, i1, buffer in self._tiles(self.n, step):
+        for i0, i1, buffer in self._tiles(self.n, tile):
             G, kind = self._inner(i0, i1, cols, buffer, mode)
             self.ops.tile_cluster_sums(G, None if self.sq is None else self.sq[i0:i1], col_sq, kind,
                                        *self._params(), clusters, coeffs, order, i0,
