@@ -105,26 +105,30 @@ def test_cpu_column_pass_equals_offering_the_transposed_block(rng):
 
 
 def test_cpu_block_search_equals_the_row_tile_route(rng):
-    """The CPU twin and the GPU route for lists longer than knn_cuda's (row tiles of GEMM-form distances,
-    argpartition; run here with NumPy) keep the same neighbours of float32 features."""
-    from kkmgpu.kernels.graphs import _nearest_neighbors_gpu
-    from kkmgpu.kernels.knn_cpu import nearest_neighbors as nearest_neighbors_cpu
+    """The CPU twin and the GPU route for lists longer than knn_cuda's (row tiles of GEMM-form keys,
+    argpartition; run here with NumPy) keep the same candidates of float32 features, with the same keys."""
+    from kkmgpu.kernels.knn_cpu import search
+    from kkmgpu.kernels.knn_exact import row_tile_candidates
 
     A = rng.normal(size=(500, 12)).astype(np.float32)
-    backend = resolve_device("cpu")
-    np.testing.assert_array_equal(np.sort(nearest_neighbors_cpu(A, 15, block=96), axis=1),
-                                  np.sort(_nearest_neighbors_gpu(A, 15, backend), axis=1))
+    col_sq = rng.uniform(0.9, 1.0, size=500) * np.einsum("ij,ij->i", A, A, dtype=np.float64)  # shifted norms
+    keys, index = search(A, 15, block=96, col_sq=col_sq)
+    tile_keys, tile_index = row_tile_candidates(A, 15, col_sq, "fp32", resolve_device("cpu"))
+    order = np.argsort(tile_keys, axis=1, kind="stable")
+    np.testing.assert_array_equal(np.sort(index, axis=1), np.sort(tile_index, axis=1))
+    np.testing.assert_allclose(np.take_along_axis(tile_keys, order, axis=1), keys, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("n_neighbors", [9, 70])
 def test_nearest_neighbors_nearest_first_equal_the_float64_reference(device, n_neighbors, rng, monkeypatch):
-    """On a GPU both routes, the knn_cuda kernel up to its MAX_NEIGHBORS (64) and row tiles with argpartition
-    beyond, like the CPU search, keep a float64 cdist's neighbours, nearest first, with their float64 distances."""
-    from kkmgpu.kernels import knn_cuda
+    """On a GPU both routes, the knn_cuda kernel for candidate lists up to its MAX_NEIGHBORS (64) and row tiles
+    with argpartition beyond, like the CPU search, keep a float64 cdist's neighbours, nearest first, with their
+    float64 distances."""
+    from kkmgpu.kernels import knn_cuda, knn_exact
 
     searched = []
-    search = knn_cuda.nearest_neighbors
-    monkeypatch.setattr(knn_cuda, "nearest_neighbors", lambda *a, **kw: searched.append(1) or search(*a, **kw))
+    search = knn_cuda.search
+    monkeypatch.setattr(knn_cuda, "search", lambda *a, **kw: searched.append(1) or search(*a, **kw))
     X = rng.normal(size=(180, 5))
     backend = resolve_device(device)
     index, sq = nearest_neighbors(backend.asarray(X), n_neighbors, backend)
@@ -133,7 +137,7 @@ def test_nearest_neighbors_nearest_first_equal_the_float64_reference(device, n_n
     expected = np.argsort(D, axis=1, kind="stable")[:, :n_neighbors]
     np.testing.assert_array_equal(backend.to_host(index), expected)
     np.testing.assert_allclose(backend.to_host(sq), np.take_along_axis(D, expected, axis=1), rtol=1e-12)
-    assert len(searched) == (backend.is_gpu and n_neighbors <= knn_cuda.MAX_NEIGHBORS)
+    assert len(searched) == (backend.is_gpu and n_neighbors + knn_exact.spares(n_neighbors) <= knn_cuda.MAX_NEIGHBORS)
 
 
 @pytest.mark.gpu
@@ -141,16 +145,15 @@ def test_gpu_search_blocks_fit_the_work_budget(monkeypatch, rng):
     """The GPU search holds a block x block product and its transpose within the work budget: smaller blocks
     there, the same neighbours."""
     require_cuda()
-    from kkmgpu.kernels import graphs, knn_cuda
+    from kkmgpu.kernels import knn_cuda, knn_exact
 
     blocks_used = []
-    search = knn_cuda.nearest_neighbors
-    monkeypatch.setattr(knn_cuda, "nearest_neighbors",
-                        lambda A, k, block: blocks_used.append(block) or search(A, k, block=block))
-    monkeypatch.setattr(graphs, "work_bytes", lambda cap, backend, minimum=1: max(minimum, 2 * 40 * 40 * 8 + 9))
+    search = knn_cuda.search
+    monkeypatch.setattr(knn_cuda, "search", lambda A, k, block, **kw: blocks_used.append(block) or search(A, k, block, **kw))
+    monkeypatch.setattr(knn_exact, "work_bytes", lambda cap, backend, minimum=1: max(minimum, 2 * 40 * 40 * 8 + 9))
     X = rng.normal(size=(150, 3))
     backend = resolve_device("cuda")
-    index, _ = nearest_neighbors(backend.asarray(X), 6, backend)
+    index, _ = nearest_neighbors(backend.asarray(X), 6, backend, "fp32")
     assert blocks_used == [40]
     np.testing.assert_array_equal(backend.to_host(index), nearest_neighbors(X, 6, resolve_device("cpu"))[0])
 

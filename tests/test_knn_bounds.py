@@ -5,9 +5,11 @@ and the threaded brute-force search under it (kkmgpu/kernels/knn_cpu.py ``search
   float64 distances: when every row is certified from its candidate list, when none is (each row then walks all
   points within its bound), when the list holds every point, with duplicated points, in float32 far from the
   origin and in float64;
+- it stays exact on float32 data scaled by 1e20 and 1e-25 (squared norms beyond float32's range), through a
+  power of two;
 - its plan prunes data whose variance sits in a few directions and keeps the brute-force search for isotropic
   data, the same when its sampled rows are taken a few at a time; with prune="auto" small inputs take the
-  brute-force search;
+  certified brute-force search, exact as well;
 - the threaded search gives the same lists for any number of workers and any product shape.
 """
 
@@ -103,11 +105,24 @@ def test_planned_search_equals_the_reference(rng):
 
 
 def test_auto_takes_the_brute_force_search_below_min_rows(rng, monkeypatch):
-    X = low_rank(rng, 400, 80, 6)
+    """Below MIN_ROWS no plan: the certified brute-force search (kkmgpu/kernels/knn_exact.py), nearest first with
+    float64 distances, here of float32 points far from the origin."""
+    X = (50.0 + low_rank(rng, 400, 80, 6)).astype(np.float32)
     monkeypatch.setattr(knn_bounds, "plan", lambda *a, **kw: pytest.fail("planned below MIN_ROWS"))
-    index, sq = knn_bounds.nearest_neighbors(X, 9, distances=True)
-    assert sq is None
-    np.testing.assert_array_equal(np.sort(index, axis=1), np.sort(reference(X, 9)[0], axis=1))
+    report = {}
+    index, sq = knn_bounds.nearest_neighbors(X, 9, distances=True, report=report)
+    want_index, want_sq = reference(X, 9)
+    np.testing.assert_array_equal(index, want_index)
+    np.testing.assert_allclose(sq, want_sq, rtol=1e-12, atol=0)
+    assert report["route"] == "brute force" and report["candidates_certified"] > 0.5
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e-25])
+def test_bounded_search_on_data_beyond_float32_range(scale, rng):
+    """float32 data times 1e20 or 1e-25: their products overflow or underflow float32; the bounded search runs on
+    the data times a power of two and returns the reference's neighbours and distances."""
+    X = (low_rank(rng, 500, 60, 5) * scale).astype(np.float32)
+    check(X, 8, rtol=1e-12, axes=6, n_candidates=16)
 
 
 @pytest.mark.parametrize("block, panel, workers", [(2048, 256, 2), (64, 17, 3), (5, 2, 2), (100, 1000, 1)])

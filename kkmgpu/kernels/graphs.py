@@ -9,95 +9,57 @@
   A_ij = exp(-||x_i - x_j||^2 / (sigma_i sigma_j)) on the union of the neighbour lists, sigma_i the distance of x_i
   to its ``scale_neighbor``-th nearest point (the paper's 7th).
 
-Neighbours exclude the point itself; a duplicate point is a neighbour at distance 0. On a GPU, distances are found
-as GEMM-form squared distances in the compute precision, over the blocks on and above the diagonal of the distance
-matrix (never an n x n matrix: ``knn_cuda`` for up to its ``MAX_NEIGHBORS`` neighbours; longer lists take row
-tiles and ``argpartition``), and the kept pairs' distances are recomputed directly in float64. On the CPU,
-``knn_bounds`` decides: for large data whose variance sits in a few directions, an exact search by principal-
-component lower bounds that picks neighbours by float64 distances directly; otherwise the same brute-force block
-search (``knn_cpu``) and the float64 recomputation. Ties at the n_neighbors-th key go to the lower index
-(``argpartition`` breaks them its own way); float rounding, and so near-ties, may differ between devices and
-routes. The graph has no self-loops and is symmetric.
+Neighbours exclude the point itself; a duplicate point is a neighbour at distance 0. The neighbours are exact on
+both devices and in every GEMM precision mode: those of a float64 brute-force search of the features' values, ties
+to the lower index. On a GPU, candidates come from GEMM-form squared distances in the precision mode, over the
+blocks on and above the diagonal of the distance matrix (never an n x n matrix: ``knn_cuda`` for lists up to its
+``MAX_NEIGHBORS``; longer lists take row tiles and ``argpartition``), with spare candidates that are re-ranked by
+direct float64 distances and certified by an error bound of the keys, and rows that cannot be certified are
+recomputed (``knn_exact``). On the CPU, ``knn_bounds`` decides: for large data whose variance sits in a few
+directions, an exact search by principal-component lower bounds that picks neighbours by float64 distances
+directly; otherwise the same certified search on the CPU's brute-force block search (``knn_cpu``). The graph has
+no self-loops and is symmetric.
 """
 
 from __future__ import annotations
-
-import math
 from dataclasses import dataclass
 
-from kkmgpu.backend.device import Backend, work_bytes
+from kkmgpu.backend.device import Backend
 from kkmgpu.kernels.blocks import tile_rows
+from kkmgpu.kernels.gemm import DEFAULT_PRECISION, check_precision
 
 GRAPHS = ("knn", "mutual_knn", "self_tuning")
 #: Zelnik-Manor and Perona's local scale: the distance to the 7th nearest neighbour
 SCALE_NEIGHBOR = 7
 
 
-def nearest_neighbors(A, n_neighbors: int, backend: Backend):
+def nearest_neighbors(A, n_neighbors: int, backend: Backend, precision: str = DEFAULT_PRECISION):
     """(index, sq_dist): the ``n_neighbors`` nearest other points of every row of A (n, d), nearest first.
 
-    ``index`` is a device int64 array (n, n_neighbors); ``sq_dist`` the float64 squared distances, recomputed
-    directly from the rows of A for the kept pairs.
+    Exact: the neighbours a float64 brute-force search of A's values finds (ties to the lower index), whatever
+    the precision of the search that proposes them (:mod:`kkmgpu.kernels.knn_exact`). ``index`` is a device int64
+    array (n, n_neighbors); ``sq_dist`` their float64 squared distances, computed directly from the rows of A.
+    ``precision``: the GEMM precision mode of a GPU's float32 search ("fp32", "3xtf32", "tf32";
+    :mod:`kkmgpu.kernels.gemm`); the CPU and float64 always take the plain product.
     """
-    xp = backend.xp
     n = A.shape[0]
     if not 1 <= n_neighbors <= n - 1:
         raise ValueError(f"n_neighbors={n_neighbors} must be between 1 and n_samples - 1 = {n - 1}.")
+    check_precision(precision)
     if backend.is_gpu:
-        from kkmgpu.kernels import knn_cuda
+        from kkmgpu.kernels import knn_exact
 
-        if n_neighbors <= knn_cuda.MAX_NEIGHBORS:
-            index = knn_cuda.nearest_neighbors(A, n_neighbors, block=_gpu_block(A, backend, knn_cuda.BLOCK))
-        else:  # longer lists than the kernel keeps: row tiles and argpartition
-            index = _nearest_neighbors_gpu(A, n_neighbors, backend)
-    else:
-        from kkmgpu.kernels import knn_bounds
+        return knn_exact.search(A, n_neighbors, backend, precision)
+    from kkmgpu.kernels import knn_bounds
 
-        index, sq = knn_bounds.nearest_neighbors(A, n_neighbors, distances=True)
-        if sq is not None:   # the bounded search's exact float64 distances, nearest first already
-            return index, sq
-    # exact squared distances of the kept pairs, then each row's neighbours nearest first
-    sq = xp.empty((n, n_neighbors), dtype=xp.float64)
-    chunk = tile_rows(n_neighbors * A.shape[1], 16, backend=backend)
-    for i0 in range(0, n, chunk):
-        i1 = min(n, i0 + chunk)
-        diff = A[i0:i1, None, :].astype(xp.float64) - A[index[i0:i1]].astype(xp.float64)
-        sq[i0:i1] = (diff * diff).sum(axis=2)
-    order = xp.argsort(sq, axis=1)
-    return xp.take_along_axis(index, order, axis=1), xp.take_along_axis(sq, order, axis=1)
+    return knn_bounds.nearest_neighbors(A, n_neighbors, distances=True)
 
 
-def _gpu_block(A, backend: Backend, block: int) -> int:
-    # the GPU search holds one block x block product and its transpose: at most that within the work budget
-    entry = 2 * A.dtype.itemsize
-    fits = math.isqrt(work_bytes(block * block * entry, backend, minimum=32 * 32 * entry) // entry)
-    return max(32, min(block, fits))
-
-
-def _nearest_neighbors_gpu(A, n_neighbors: int, backend: Backend):
-    # one row tile of GEMM-form squared distances at a time, each row's n_neighbors least by argpartition
-    xp = backend.xp
-    n = A.shape[0]
-    a_sq = (A.astype(xp.float64) ** 2).sum(axis=1).astype(A.dtype)
-    index = xp.empty((n, n_neighbors), dtype=xp.int64)
-    step = tile_rows(n, 2 * A.dtype.itemsize + 8, backend=backend)
-    for i0 in range(0, n, step):
-        i1 = min(n, i0 + step)
-        D = a_sq[i0:i1, None] + a_sq[None, :] - 2.0 * (A[i0:i1] @ A.T)
-        rows = xp.arange(i1 - i0)
-        D[rows, rows + i0] = xp.inf
-        if n_neighbors < n - 1:
-            part = xp.argpartition(D, n_neighbors - 1, axis=1)[:, :n_neighbors]
-        else:
-            part = xp.argsort(D, axis=1)[:, :n_neighbors]
-        index[i0:i1] = part
-    return index
-
-
-def affinity_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR):
+def affinity_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR,
+                   precision: str = DEFAULT_PRECISION):
     """The ``kind`` affinity graph of the rows of A (prepared features on ``backend``) as a symmetric CSR matrix
     (scipy.sparse on the CPU, cupyx.scipy.sparse on a GPU), float64, no self-loops, explicit zeros removed."""
-    return build_graph(A, n_neighbors, kind, backend, scale_neighbor=scale_neighbor).graph
+    return build_graph(A, n_neighbors, kind, backend, scale_neighbor=scale_neighbor, precision=precision).graph
 
 
 @dataclass
@@ -113,11 +75,12 @@ class Graph:
 
 
 def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR,
-                neighbors=None) -> Graph:
+                neighbors=None, precision: str = DEFAULT_PRECISION) -> Graph:
     """:func:`affinity_graph` with the neighbour radii and local scales that :func:`query_affinity` needs.
 
     ``neighbors``: (index, sq_dist) of :func:`nearest_neighbors` on the same A with at least the reach this graph
-    needs (nearest first), so that graphs of several ``n_neighbors`` share one search."""
+    needs (nearest first), so that graphs of several ``n_neighbors`` share one search. ``precision``: the GEMM
+    precision mode of the search (:func:`nearest_neighbors`; the neighbours are exact in every mode)."""
     from kkmgpu.engine.sparse import sparse_module, symmetrise
 
     if kind not in GRAPHS:
@@ -131,7 +94,7 @@ def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neigh
     if kind == "self_tuning" and not 1 <= scale_neighbor <= n - 1:
         raise ValueError(f"scale_neighbor={scale_neighbor} must be between 1 and n_samples - 1 = {n - 1}.")
     if neighbors is None:
-        index, sq = nearest_neighbors(A, reach, backend)
+        index, sq = nearest_neighbors(A, reach, backend, precision)
     else:
         index, sq = neighbors
         if index.shape != (n, index.shape[1]) or index.shape[1] < reach:

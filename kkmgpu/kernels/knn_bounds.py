@@ -211,31 +211,40 @@ def plan(A, n_neighbors: int, *, sample: int = SAMPLE, seed: int = 0):
 
 def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candidates=None, distances=False,
                       chunk: int = 512, report: dict | None = None):
-    """int64 array (n, n_neighbors): the indices of the ``n_neighbors`` nearest other rows of A (n, d), nearest
-    first where pruned, by exact float64 distances of the rows of A (ties to the lower index). With
-    ``distances``: (index, sq), sq their float64 squared distances where pruned, None where not.
+    """int64 array (n, n_neighbors): the indices of the ``n_neighbors`` nearest other rows of A (n, d) for every
+    row, nearest first, by exact float64 distances of the rows of A (ties to the lower index). With
+    ``distances``: (index, sq), sq their float64 squared distances.
 
-    ``prune``: "auto" plans (:func:`plan`) at n >= MIN_ROWS and d >= MIN_FEATURES, else runs the brute-force
-    search (:func:`kkmgpu.kernels.knn_cpu.nearest_neighbors`, not sorted by distance); True prunes, with
-    ``axes`` and ``n_candidates`` if given (tests), else with the plan's choice if it has one; False never
-    prunes. ``report``: a dict that takes the route, the choice, the seconds of each step and the rows
+    ``prune``: "auto" plans (:func:`plan`) at n >= MIN_ROWS and d >= MIN_FEATURES, else runs the certified
+    brute-force search (:func:`kkmgpu.kernels.knn_exact.search` on :func:`kkmgpu.kernels.knn_cpu.search`); True
+    prunes, with ``axes`` and ``n_candidates`` if given (tests), else with the plan's choice if it has one; False
+    never prunes. ``report``: a dict that takes the route, the choice, the seconds of each step and the rows
     certified from their lists (``bench/bench_graphs.py search``).
     """
+    from kkmgpu.backend.device import Backend
+    from kkmgpu.kernels import knn_exact
+
     n, d = A.shape
     report = {} if report is None else report
     clock = time.perf_counter
     t = clock()
 
     def brute():
-        index = knn_cpu.nearest_neighbors(A, n_neighbors)
+        index, sq = knn_exact.search(A, n_neighbors, Backend("cpu"), report=report)
         report.update(route="brute force", seconds={"search": clock() - t})
-        return (index, None) if distances else index
+        return (index, sq) if distances else index
 
     if prune is False or (prune == "auto" and (n < MIN_ROWS or d < MIN_FEATURES)):
         return brute()
+    original = A
+    # norms beyond float32's or float64's range (X * 1e20, X * 1e-25): a power of two brings them back, exactly
+    p = knn_exact.scale_exponent(float(np.abs(A).max()) ** 2 * d, A.dtype)
+    if p:
+        A = A * A.dtype.type(2.0 ** -p)
     if axes is None or n_candidates is None:
         choice, rotation = plan(A, n_neighbors)
         if choice is None:
+            A = original
             return brute()
         axes, n_candidates = choice
         _, _, P, tails, widths = rotation
@@ -272,4 +281,6 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
     seconds["walk_all"] = clock() - t
     report.update(route="bounded", choice=(axes, n_candidates), seconds=seconds,
                   certified=1.0 - rest.size / n, walked_all_rows=int(rest.size))
+    if p:
+        best *= 4.0 ** p
     return (arg, best) if distances else arg

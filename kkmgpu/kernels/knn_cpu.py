@@ -26,7 +26,7 @@ from numba import njit, prange
 
 from kkmgpu.kernels.blocks import upper_blocks
 
-__all__ = ["BLOCK", "PANEL", "nearest_neighbors", "offer_block", "search"]
+__all__ = ["BLOCK", "PANEL", "nearest_neighbors", "offer_block", "pair_distances", "search"]
 
 #: rows of one product (the rows of a block of the distance matrix)
 BLOCK = 2048
@@ -163,10 +163,13 @@ def _workers() -> int:
     return max(1, numba.get_num_threads())
 
 
-def search(A, n_neighbors: int, block: int = BLOCK, panel: int = PANEL, workers: int | None = None):
+def search(A, n_neighbors: int, block: int = BLOCK, panel: int = PANEL, workers: int | None = None, *,
+           col_sq=None):
     """(keys, index), each (n, n_neighbors): every row's ``n_neighbors`` nearest other rows of A (n, d) by
-    (key, index), key = ||a_j||^2 - 2 a_i . a_j in A's precision (add ||a_i||^2 for the squared distance),
-    ascending; slots beyond n - 1 stay (+inf, -1).
+    (key, index), key = col_sq[j] - 2 a_i . a_j in A's precision, ascending; slots beyond n - 1 stay (+inf, -1).
+    ``col_sq`` (float64, (n,)) defaults to ||a_j||^2 (then add ||a_i||^2 for the squared distance); the exact
+    search (:mod:`kkmgpu.kernels.knn_exact`) passes shifted norms. The products are the plain ones in A's dtype
+    (the CPU has no tensor cores: every GEMM precision mode is this one there).
 
     The blocks on and above the diagonal are cut into ``block`` x ``panel`` products, small enough to stay in
     cache while both passes read them (a 2048 x 256 float32 product: 2 MiB). ``workers`` threads (numba's
@@ -179,7 +182,9 @@ def search(A, n_neighbors: int, block: int = BLOCK, panel: int = PANEL, workers:
     n = A.shape[0]
     workers = _workers() if workers is None else max(1, int(workers))
     panel = max(1, min(panel, block))
-    sq = np.einsum("ij,ij->i", A, A, dtype=np.float64).astype(A.dtype)
+    if col_sq is None:
+        col_sq = np.einsum("ij,ij->i", A, A, dtype=np.float64)
+    sq = np.ascontiguousarray(col_sq, dtype=A.dtype)
     tasks = [(i0, i1, p0, min(j1, p0 + panel), j0 != i0)
              for i0, i1, j0, j1 in upper_blocks(n, block) for p0 in range(j0, j1, panel)]
     lists = [(np.full((n, n_neighbors), np.inf, dtype=A.dtype), np.full((n, n_neighbors), -1, dtype=np.int64))
@@ -226,8 +231,33 @@ def _one_blas_thread():
     return threadpool_limits(1, user_api="blas")
 
 
-def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK, panel: int = PANEL, workers: int | None = None):
+def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK, panel: int = PANEL, workers: int | None = None, *,
+                      col_sq=None):
     """int64 array (n, n_neighbors): the indices of the ``n_neighbors`` nearest other rows of A (n, d) for every
-    row, by GEMM-form squared distances in A's precision (:func:`search`); not sorted by distance. ``block`` and
-    ``panel``: the products' rows and columns (tests shrink them to reach the edges)."""
-    return search(A, n_neighbors, block=block, panel=panel, workers=workers)[1]
+    row by (key, index), GEMM-form keys in A's precision (:func:`search`), nearest key first: the candidates, not
+    yet exact (:mod:`kkmgpu.kernels.knn_exact` certifies them). ``block`` and ``panel``: the products' rows and
+    columns (tests shrink them to reach the edges)."""
+    return search(A, n_neighbors, block=block, panel=panel, workers=workers, col_sq=col_sq)[1]
+
+
+@njit(parallel=True, cache=True)
+def pair_distances(A, rows, index, scale):
+    """float64 (len(rows), m): ||(a_i - a_j) scale||^2 for i = rows[t], j = index[t, q], summed in feature order
+    from the float64 differences of A's values (``scale`` a power of two: exact); +inf where j < 0. The exact
+    search's re-ranking (:func:`kkmgpu.kernels.knn_exact.exact_distances`; CuPy array code on a GPU)."""
+    r, m = index.shape
+    d = A.shape[1]
+    out = np.empty((r, m))
+    for t in prange(r):
+        i = rows[t]
+        for q in range(m):
+            j = index[t, q]
+            if j < 0:
+                out[t, q] = np.inf
+                continue
+            s = 0.0
+            for f in range(d):
+                diff = (np.float64(A[i, f]) - np.float64(A[j, f])) * scale
+                s += diff * diff
+            out[t, q] = s
+    return out

@@ -1,9 +1,10 @@
 """GPU twin of the nearest-neighbour search behind the affinity graphs (CuPy + kernels_cuda/knn.cu).
 
-Same functions, signatures and semantics as :mod:`kkmgpu.kernels.knn_cpu` (see there for the search): the blocks
-on and above the diagonal of the n x n GEMM-form distance matrix, one cuBLAS product serving its rows and, through
-its transpose, its columns, and the kernel ``knn_offer_block`` keeping each row's ``n_neighbors`` best candidates
-by (key, index). The products and the kernel never hold more than one block x block product and its transpose,
+Same functions and semantics as :mod:`kkmgpu.kernels.knn_cpu` (see there for the search): the blocks on and above
+the diagonal of the n x n GEMM-form distance matrix, one cuBLAS product in the GEMM precision mode
+(:mod:`kkmgpu.kernels.gemm`) serving its rows and, through its transpose, its columns, and the kernel
+``knn_offer_block`` keeping each row's ``n_neighbors`` best candidates by (key, index). The keys are candidates:
+:mod:`kkmgpu.kernels.knn_exact` re-ranks and certifies them in float64. The products and the kernel never hold more than one block x block product and its transpose,
 and nothing is sorted (CuPy's ``argpartition`` sorts whole rows). CuPy comes from
 :mod:`kkmgpu.backend.cupy_loader`, the one module that imports it.
 """
@@ -15,10 +16,12 @@ import functools
 import numpy as np
 
 from kkmgpu.backend.cupy_loader import import_cupy
+from kkmgpu.backend.device import Backend
+from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels.blocks import upper_blocks
 from kkmgpu.kernels.kernel_kmeans_cuda import NVRTC_OPTIONS, cuda_source
 
-__all__ = ["BLOCK", "MAX_NEIGHBORS", "offer_block", "nearest_neighbors"]
+__all__ = ["BLOCK", "MAX_NEIGHBORS", "offer_block", "nearest_neighbors", "search"]
 
 _SOURCE_NAME = "knn.cu"
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
@@ -85,22 +88,36 @@ def offer_block(G, col_sq, row0, col0, best, arg):
               np.int64(col0), np.int32(k), best, arg))
 
 
-def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK):
-    """device int64 array (n, n_neighbors): the indices of the ``n_neighbors`` nearest other rows of A (n, d) for
-    every row, by GEMM-form squared distances in A's precision; not sorted by distance. ``block`` rows per block
-    (tests shrink it to reach the edges). See :func:`kkmgpu.kernels.knn_cpu.nearest_neighbors`."""
+def search(A, n_neighbors: int, block: int = BLOCK, *, col_sq=None, mode: str = "fp32"):
+    """(keys, index), each (n, n_neighbors) on the device: every row's ``n_neighbors`` nearest other rows of A (n, d)
+    by (key, index), key = col_sq[j] - 2 a_i . a_j (float64 of the product in ``mode``: "fp32", "3xtf32", "tf32",
+    "fp64" for float64 A; :func:`kkmgpu.kernels.gemm.effective_mode`), ascending; slots beyond n - 1 stay
+    (+inf, -1). ``col_sq`` (float64, (n,)) defaults to ||a_j||^2. ``block`` rows per block (tests shrink it).
+    See :func:`kkmgpu.kernels.knn_cpu.search`."""
     cp = import_cupy()
     n = A.shape[0]
     A = cp.ascontiguousarray(A)
-    sq = cp.empty(n, dtype=cp.float64)
-    for i0 in range(0, n, block):  # float64 norms without a float64 copy of A
-        rows = A[i0:i0 + block].astype(cp.float64)
-        sq[i0:i0 + block] = (rows * rows).sum(axis=1)
+    backend = Backend("cuda", int(cp.cuda.runtime.getDevice()))
+    if col_sq is None:
+        col_sq = cp.empty(n, dtype=cp.float64)
+        for i0 in range(0, n, block):  # float64 norms without a float64 copy of A
+            rows = A[i0:i0 + block].astype(cp.float64)
+            col_sq[i0:i0 + block] = (rows * rows).sum(axis=1)
     best = cp.full((n, n_neighbors), cp.inf, dtype=cp.float64)
     arg = cp.full((n, n_neighbors), -1, dtype=cp.int64)
+    left = None
     for i0, i1, j0, j1 in upper_blocks(n, block):
-        G = A[i0:i1] @ A[j0:j1].T
-        offer_block(G, sq[j0:j1], i0, j0, best, arg)
+        if j0 == i0:   # the rows' operand once per row of blocks
+            left = _gemm.left_operand(A[i0:i1], mode, cp)
+        G = _gemm.gemm(left, _gemm.right_operand(A[j0:j1], mode, cp), backend, mode)
+        offer_block(G, col_sq[j0:j1], i0, j0, best, arg)
         if j0 != i0:
-            offer_block(cp.ascontiguousarray(G.T), sq[i0:i1], j0, i0, best, arg)
-    return arg
+            offer_block(cp.ascontiguousarray(G.T), col_sq[i0:i1], j0, i0, best, arg)
+    return best, arg
+
+
+def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK, *, col_sq=None, mode: str = "fp32"):
+    """device int64 array (n, n_neighbors): the indices of the ``n_neighbors`` nearest other rows of A (n, d) for
+    every row by (key, index) (:func:`search`), nearest key first: the candidates, not yet exact. See
+    :func:`kkmgpu.kernels.knn_cpu.nearest_neighbors`."""
+    return search(A, n_neighbors, block, col_sq=col_sq, mode=mode)[1]

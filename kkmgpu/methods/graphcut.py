@@ -40,6 +40,7 @@ import numpy as np
 from kkmgpu import _validation
 from kkmgpu.backend.device import import_cupyx, memory_situation, resolve_device
 from kkmgpu.engine import sparse as _sparse
+from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import graphs as _graphs
 
 OBJECTIVES = ("kernel_kmeans", "ncut", "ratio_association")
@@ -127,8 +128,9 @@ def _check_affinity_matrix(X, backend):
 
 def checked_fit(X, k, *, fit_exact, objective, affinity, n_neighbors, graph_shift, kernel, gamma, method,
                 sample_weight, device, dtype, init, n_init, max_iter, tol, random_state, verbose, keep_on_device,
-                progress):
-    """:func:`kkmgpu.fit` with a graph objective: the checks, then :func:`fit` or :func:`search_neighbors`."""
+                progress, gemm_precision=_gemm.DEFAULT_PRECISION):
+    """:func:`kkmgpu.fit` with a graph objective: the checks, then :func:`fit` or :func:`search_neighbors`
+    (``gemm_precision``: the mode of a GPU's neighbour search, whose neighbours are exact in every mode)."""
     n = _validation.as_array(X).shape[0] if not _sparse.is_sparse(X) else X.shape[0]
     affinity, n_neighbors, graph_shift = check_graph_args(
         affinity=affinity, n_neighbors=n_neighbors, graph_shift=graph_shift, kernel=kernel, gamma=gamma,
@@ -143,7 +145,8 @@ def checked_fit(X, k, *, fit_exact, objective, affinity, n_neighbors, graph_shif
         n_init = 1 if init == "k-means++" else 10
     kwargs = dict(objective=objective, affinity=affinity, graph_shift=graph_shift, device=device, dtype=dtype,
                   init=init, n_init=n_init, max_iter=max_iter, tol=tol, verbose=verbose,
-                  keep_on_device=keep_on_device, progress=progress, fit_exact=fit_exact)
+                  keep_on_device=keep_on_device, progress=progress, fit_exact=fit_exact,
+                  gemm_precision=_gemm.check_precision(gemm_precision))
     if n_neighbors == "search":
         return search_neighbors(X, k, random_state=random_state, **kwargs)
     return fit(X, k, n_neighbors=n_neighbors, random_state=random_state, **kwargs)
@@ -304,20 +307,29 @@ def _scipy_lobpcg():
 # --- fit -------------------------------------------------------------------------------------------------------
 
 def graph_features(Xd, dtype, backend):
-    """(center, features): X centred (GEMM-form distances lose less to rounding) in the compute precision."""
+    """(center, features): X centred in float64, then cast to the compute precision (an offset such as 1e7 would
+    otherwise take the float32 digits before the centring could)."""
+    from kkmgpu.kernels.blocks import tile_rows
+
     xp = backend.xp
     ct = np.float64 if _validation.check_dtype(dtype) == np.float64 else np.float32
     center = Xd.mean(axis=0, dtype=xp.float64)
-    return center, Xd.astype(ct) - center.astype(ct)
+    features = xp.empty(Xd.shape, dtype=ct)
+    step = tile_rows(Xd.shape[1], 8, backend=backend)
+    for i0 in range(0, Xd.shape[0], step):
+        features[i0:i0 + step] = (Xd[i0:i0 + step].astype(xp.float64) - center).astype(ct)
+    return center, features
 
 
 def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, init, n_init, max_iter, tol,
-        random_state, verbose, keep_on_device, progress, fit_exact, neighbors=None):
+        random_state, verbose, keep_on_device, progress, fit_exact, neighbors=None,
+        gemm_precision=_gemm.DEFAULT_PRECISION):
     """:func:`kkmgpu.fit` with a graph objective (arguments already checked by ``fit`` as far as it could).
 
     ``fit_exact``: kkmgpu.fit itself, for the sparse precomputed runs (and the linear k-means of the start).
     ``neighbors``: (index, sq_dist) of :func:`kkmgpu.kernels.graphs.nearest_neighbors` on the same features with
     at least the reach the graph needs, found once by :func:`search_neighbors` for all its fits.
+    ``gemm_precision``: the GEMM precision mode of a GPU's neighbour search (the neighbours are exact in each).
     """
     t_start = time.perf_counter()
     rng = _validation.make_rng(random_state)
@@ -331,7 +343,8 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
             Xd = _validation.check_data(X, backend)
             n = Xd.shape[0]
             center, features = graph_features(Xd, dtype, backend)
-            state_graph = _graphs.build_graph(features, n_neighbors, affinity, backend, neighbors=neighbors)
+            state_graph = _graphs.build_graph(features, n_neighbors, affinity, backend, neighbors=neighbors,
+                                              precision=gemm_precision)
             A = state_graph.graph
         k = _validation.check_k(k, n)
         d = degrees(A, backend)
@@ -413,7 +426,7 @@ def search_neighbors(X, k, *, random_state, device, **kwargs):
         grid = [v for v in NEIGHBOR_GRID if v <= n - 1] or [n - 1]
         reach = max(grid[-1], _graphs.SCALE_NEIGHBOR if kwargs["affinity"] == "self_tuning" else 1)
         neighbors = _graphs.nearest_neighbors(graph_features(Xd, kwargs["dtype"], backend)[1], min(reach, n - 1),
-                                              backend)
+                                              backend, kwargs.get("gemm_precision", _gemm.DEFAULT_PRECISION))
     rng = _validation.make_rng(random_state)
     rows, best, best_score = [], None, math.inf
     for value in grid:

@@ -1,0 +1,329 @@
+"""Exact nearest neighbours from a low-precision search, on either device: spare candidates, a float64 re-ranking
+and a certificate for every row (issue 26 point 1; issue 27).
+
+The searches of :mod:`knn_cpu` and :mod:`knn_cuda` rank points by GEMM-form keys ||a_j||^2 - 2 a_i . a_j in the
+working precision (A's dtype; on a GPU in the GEMM precision mode of :mod:`kkmgpu.kernels.gemm`, "tf32"
+included). Such keys are only approximately ordered, so :func:`search`
+
+1. prepares the features: A centred in float64 (an offset such as 1e7 then costs nothing), multiplied by a power
+   of two 2^-p where its norms would leave the working precision's range (X * 1e20, X * 1e-25: exact, it only
+   shifts exponents), then cast to the working dtype: a;
+2. keeps each row's m = n_neighbors + :func:`spares` best candidates by the key ||a_j||^2 (1 - c) - 2 a_i . a_j;
+3. re-ranks them by their float64 squared distances computed directly, ||x_i - x_j||^2 from the differences of
+   A's own values (what scipy's ``cdist`` computes), ties to the lower index;
+4. certifies the row: with |D^_ij - D_ij| <= c (||a_i||^2 + ||a_j||^2) + e_abs for the GEMM-form estimate D^ of
+   the squared distance D (:func:`error_bound`), every point not kept is at least ||a_i||^2 + r_i - c ||a_i||^2
+   - e_abs away, r_i the largest key kept (the shift c ||a_j||^2 in the key takes the candidate's share of the
+   error). The row is exact when its n_neighbors-th float64 distance is below that;
+5. recomputes the rows that are not certified: keys of float64 GEMM-form over all points, certified the same way
+   with the float64 bound, and the rows that still fail (exact ties, e.g. many duplicates, at the boundary) by
+   direct float64 distances to every point.
+
+So the result is the float64 brute-force neighbours of A's values (ties to the lower index) for every row, in any
+precision mode; the float64 distances' own rounding is inside the bound.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kkmgpu.backend.device import Backend, argsort_stable, work_bytes
+from kkmgpu.kernels import gemm as _gemm
+from kkmgpu.kernels.blocks import tile_rows
+
+__all__ = ["MIN_SPARES", "spares", "error_bound", "scale_exponent", "prepare", "exact_distances", "search"]
+
+#: spare candidates per row beyond n_neighbors: at least this many, else n_neighbors (m = 2 n_neighbors)
+MIN_SPARES = 8
+#: a centred feature norm in [2^-LIMIT, 2^LIMIT] is used as it is; beyond, the features are scaled by 2^-p
+_EXPONENT_LIMIT = {np.dtype(np.float32): 30, np.dtype(np.float64): 400}
+
+
+def spares(n_neighbors: int) -> int:
+    """Spare candidates each row keeps beyond its ``n_neighbors`` for the float64 re-ranking."""
+    return max(MIN_SPARES, int(n_neighbors))
+
+
+def error_bound(mode: str, d: int, dtype) -> tuple[float, float]:
+    """(c, e_abs): |D^_ij - D_ij| <= c (||a_i||^2 + ||a_j||^2) + e_abs for the squared distance D^ that a search
+    in ``mode`` ("fp64", "fp32", "3xtf32", "tf32"; :func:`kkmgpu.kernels.gemm.effective_mode`) over ``d``
+    features estimates from its key, D the float64 distance of the features before their cast to ``dtype``.
+
+    Terms (u the unit roundoff of ``dtype``; gamma_n = n u' / (1 - n u'), the bound of an n-term dot product in
+    any summation order, Higham, "Accuracy and Stability of Numerical Algorithms", eq. 3.5):
+
+    - the product 2 a_i . a_j: |2 (G^ - G)| <= 2 c_G sum |a_i a_j| <= c_G (||a_i||^2 + ||a_j||^2), with
+      c_G = eps_op + gamma_{f d} (1 + 2^-8), f = 3 for the 3xTF32 split's inner dimension. eps_op is the operands'
+      rounding: none for "fp32" and "fp64"; (1 + 2^-10)^2 - 1 for "tf32" (10 explicit mantissa bits, taken as
+      truncation, which hardware may do instead of rounding); 5 * 2^-22 for "3xtf32" (the low parts' own
+      truncation to TF32, 2^-21 relative to the operand, twice, and the dropped low x low term, 2^-22). On tensor
+      cores u' = 2u: their FP32 accumulation is not correctly rounded (Fasi, Higham, Mikaitis and Pranesh, "Numerical
+      behavior of NVIDIA tensor cores", PeerJ Comput. Sci. 2021);
+    - the key's own roundings in the working dtype (the norm, the shift, the subtraction): 4u;
+    - the cast of the centred float64 features to ``dtype``: |D(a) - D(y)| <= 2 (2u + u^2) (||y_i||^2 + ||y_j||^2);
+    - float64 rounding of the centring and of the re-ranked distances (theirs and a float64 reference's):
+      4 (d + 4) 2^-53;
+    - e_abs: underflow in the product and the cast, 16 (f d + 4) times the smallest subnormal.
+
+    The sum is taken 1% larger (the norms of a against those of the exact features, and rounding of the bound).
+    """
+    dtype = np.dtype(dtype)
+    u = float(np.finfo(dtype).eps) / 2
+    tiny = float(np.finfo(dtype).smallest_subnormal)
+    f = _gemm.inner_factor(mode)
+    u_acc = 2 * u if mode in ("tf32", "3xtf32") else u
+    n_terms = f * d
+    if n_terms * u_acc >= 0.5:
+        raise ValueError(f"d={d} features are too many for a certified search in {mode} ({dtype.name}).")
+    gamma = n_terms * u_acc / (1 - n_terms * u_acc)
+    eps_op = {"tf32": (1 + 2.0**-10) ** 2 - 1, "3xtf32": 5 * 2.0**-22}.get(mode, 0.0)
+    c = eps_op + gamma * (1 + 2.0**-8) + 4 * u + 2 * (2 * u + u * u) + 4 * (d + 4) * 2.0**-53
+    return 1.01 * c, 16 * (n_terms + 4) * tiny
+
+
+def scale_exponent(max_sq: float, dtype) -> int:
+    """p such that features whose largest squared norm is ``max_sq`` are used as y 2^-p: 0 while the norm is
+    within 2^+-LIMIT (30 for float32, 400 for float64), else the exponent that brings it to [1/2, 1)."""
+    if not max_sq > 0:
+        return 0
+    e = math.frexp(math.sqrt(max_sq))[1]
+    return 0 if abs(e) <= _EXPONENT_LIMIT[np.dtype(dtype)] else e
+
+
+def _chunk(n_cols: int, itemsize: int, backend: Backend) -> int:
+    return tile_rows(n_cols, itemsize, backend=backend)
+
+
+def prepare(A, backend: Backend):
+    """(a, sq, mean, p): the features the search ranks by, a = fl((A - mean) 2^-p) in A's dtype (A itself where
+    it is centred and in range already: the features that ``fit`` prepares), their squared norms (float64), the
+    float64 column means and the scale exponent :func:`scale_exponent`. Raises ValueError for non-finite A."""
+    xp = backend.xp
+    n, d = A.shape
+    mean = A.mean(axis=0, dtype=xp.float64)
+    sq = xp.empty(n, dtype=xp.float64)
+    step = _chunk(d, 16, backend)
+    for i0 in range(0, n, step):
+        Y = A[i0:i0 + step].astype(xp.float64) - mean
+        sq[i0:i0 + step] = (Y * Y).sum(axis=1)
+    max_sq = float(sq.max())
+    if not math.isfinite(max_sq):
+        raise ValueError("the features contain NaN or infinity (or norms beyond float64); every value must be "
+                         "finite for a nearest-neighbour search.")
+    p = scale_exponent(max_sq, A.dtype)
+    if p == 0 and float((mean * mean).sum()) <= 1e-6 * max_sq:
+        return A, _norms(A, backend), mean, 0
+    a = xp.empty_like(A)
+    scale = 2.0 ** -p
+    for i0 in range(0, n, step):
+        a[i0:i0 + step] = ((A[i0:i0 + step].astype(xp.float64) - mean) * scale).astype(A.dtype)
+    return a, _norms(a, backend), mean, p
+
+
+def _norms(a, backend: Backend):
+    xp = backend.xp
+    n, d = a.shape
+    sq = xp.empty(n, dtype=xp.float64)
+    step = _chunk(d, 8, backend)
+    for i0 in range(0, n, step):
+        rows = a[i0:i0 + step].astype(xp.float64)
+        sq[i0:i0 + step] = (rows * rows).sum(axis=1)
+    return sq
+
+
+def exact_distances(A, rows, index, p: int, backend: Backend):
+    """float64 (len(rows), m): ||(x_i - x_j) 2^-p||^2 for i = rows[t], j = index[t, q], from the float64 differences
+    of A's values (scaling by a power of two is exact); +inf where index < 0."""
+    if not backend.is_gpu:
+        from kkmgpu.kernels import knn_cpu
+
+        return knn_cpu.pair_distances(A, np.ascontiguousarray(rows, dtype=np.int64),
+                                      np.ascontiguousarray(index, dtype=np.int64), 2.0 ** -p)
+    xp = backend.xp
+    r, m = index.shape
+    out = xp.empty((r, m), dtype=xp.float64)
+    step = _chunk(3 * m * A.shape[1], 8, backend)
+    scale = 2.0 ** -p
+    for t0 in range(0, r, step):
+        idx = index[t0:t0 + step]
+        diff = A[rows[t0:t0 + step], None, :].astype(xp.float64) - A[xp.maximum(idx, 0)].astype(xp.float64)
+        diff *= scale
+        out[t0:t0 + step] = xp.where(idx >= 0, (diff * diff).sum(axis=2), xp.inf)
+    return out
+
+
+def _nearest_first(index, dist, k: int, xp):
+    """Each row's k first (dist, index) pairs in ascending order, ties to the lower index."""
+    by_index = argsort_stable(xp, index)
+    index = xp.take_along_axis(index, by_index, axis=1)
+    dist = xp.take_along_axis(dist, by_index, axis=1)
+    order = argsort_stable(xp, dist)[:, :k]
+    return xp.take_along_axis(index, order, axis=1), xp.take_along_axis(dist, order, axis=1)
+
+
+def _certified(dist_k, sq, r, c: float, e_abs: float, index, xp):
+    # every point not kept is farther than the k-th kept (module docstring, step 4): strictly, so that a tie with
+    # a point not kept (whose index could be lower) is never certified
+    return (dist_k < sq + r - c * sq - e_abs) & xp.all(index >= 0, axis=1)
+
+
+def _candidates_cpu(a, m, col_sq, mode, backend, block):
+    from kkmgpu.kernels import knn_cpu
+
+    keys, cand = knn_cpu.search(a, m, col_sq=col_sq) if block is None else \
+        knn_cpu.search(a, m, col_sq=col_sq, block=block)
+    return keys.astype(np.float64), cand
+
+
+def _candidates_gpu(a, m, col_sq, mode, backend, block):
+    from kkmgpu.kernels import knn_cuda
+
+    if m <= knn_cuda.MAX_NEIGHBORS:
+        if block is None:
+            block = gpu_block(a, backend, knn_cuda.BLOCK, mode)
+        return knn_cuda.search(a, m, block=block, col_sq=col_sq, mode=mode)
+    return row_tile_candidates(a, m, col_sq, mode, backend)
+
+
+def gpu_block(a, backend: Backend, block: int, mode: str) -> int:
+    """Rows of the GPU search's blocks: one block x block product, its transpose and the two blocks' operands in
+    ``mode`` within the work budget."""
+    entry = 2 * a.dtype.itemsize
+    operands = 2 * _gemm.operand_bytes(1, a.shape[1], mode)
+    budget = work_bytes(block * block * entry, backend, minimum=32 * 32 * entry)
+    fits = math.isqrt(max(1, budget - operands * block) // entry)
+    return max(32, min(block, fits))
+
+
+def row_tile_candidates(a, m: int, col_sq, mode: str, backend: Backend):
+    """(keys, index) (n, m), not sorted: each row's m least keys col_sq[j] - 2 a_i . a_j over all other points, in
+    row tiles of the product in ``mode`` and ``argpartition`` (lists longer than knn_cuda's kernel keeps)."""
+    xp = backend.xp
+    n = a.shape[0]
+    index = xp.empty((n, m), dtype=xp.int64)
+    keys = xp.empty((n, m), dtype=xp.float64)
+    right = _gemm.right_operand(a, mode, xp)
+    cols = col_sq.astype(a.dtype)
+    step = _chunk(n, 3 * a.dtype.itemsize + 8, backend)
+    for i0 in range(0, n, step):
+        i1 = min(n, i0 + step)
+        D = _gemm.gemm(_gemm.left_operand(a[i0:i1], mode, xp), right, backend, mode)
+        D *= -2
+        D += cols[None, :]
+        rows = xp.arange(i1 - i0)
+        D[rows, rows + i0] = xp.inf
+        part = xp.argpartition(D, m - 1, axis=1)[:, :m] if m < n - 1 else xp.argsort(D, axis=1)[:, :m]
+        index[i0:i1] = part
+        keys[i0:i1] = xp.take_along_axis(D, part, axis=1)
+    return keys, index
+
+
+def search(A, n_neighbors: int, backend: Backend, precision: str = _gemm.DEFAULT_PRECISION, *, block=None,
+           report: dict | None = None):
+    """(index, sq): the ``n_neighbors`` nearest other rows of A (n, d) for every row, nearest first, by float64
+    squared distances of A's values (ties to the lower index), and those distances; found by the device's
+    low-precision search in ``precision`` and certified (module docstring). ``block``: the search's block rows
+    (tests shrink it). ``report``: a dict that takes the spare count, the rows certified from the candidates and
+    the rows recomputed in float64 and directly."""
+    xp = backend.xp
+    n, d = A.shape
+    k = int(n_neighbors)
+    a, sq, mean, p = prepare(A, backend)
+    mode = _gemm.effective_mode(precision, backend, a.dtype, shape=(n, n, d))
+    c, e_abs = error_bound(mode, d, a.dtype)
+    m = min(n - 1, k + spares(k))
+    find = _candidates_gpu if backend.is_gpu else _candidates_cpu
+    keys, cand = find(a, m, (1.0 - c) * sq, mode, backend, block)
+    dist = exact_distances(A, xp.arange(n), cand, p, backend)
+    r = keys.max(axis=1)
+    index, dist = _nearest_first(cand, dist, k, xp)
+    if m < n - 1:
+        bad = xp.flatnonzero(~_certified(dist[:, k - 1], sq, r, c, e_abs, cand, xp))
+    else:   # every other point is a candidate: nothing to certify
+        bad = xp.flatnonzero(xp.any(cand < 0, axis=1))
+    report = {} if report is None else report
+    report.update(mode=mode, spares=m - k, candidates_certified=1.0 - int(bad.shape[0]) / n)
+    if bad.shape[0]:
+        index[bad], dist[bad] = _recompute(A, bad, k, m, mean, p, backend, report)
+    else:
+        report.update(float64_rows=0, direct_rows=0)
+    dist = dist * 4.0 ** p
+    if not bool(xp.isfinite(dist).all()):
+        raise ValueError(f"squared distances of the features (up to {float(xp.abs(A).max()):.3g} in magnitude) "
+                         "overflow float64; scale the data down.")
+    return index, dist
+
+
+def _recompute(A, rows, k: int, m: int, mean, p: int, backend: Backend, report: dict):
+    """(index, dist) of ``rows`` (module docstring, step 5): each row's m least float64 GEMM-form keys over all
+    points (column blocks, a running ``argpartition``), re-ranked and certified with the float64 bound; the rows
+    that still fail by direct distances to every point."""
+    xp = backend.xp
+    n, d = A.shape
+    scale = 2.0 ** -p
+    c, e_abs = error_bound("fp64", d, np.float64)
+
+    def centred(i0, i1):
+        return (A[i0:i1].astype(xp.float64) - mean) * scale
+
+    sq = xp.empty(n, dtype=xp.float64)
+    step = _chunk(d, 16, backend)
+    for j0 in range(0, n, step):
+        Y = centred(j0, j0 + step)
+        sq[j0:j0 + step] = (Y * Y).sum(axis=1)
+    shifted = (1.0 - c) * sq
+    out_index = xp.empty((rows.shape[0], k), dtype=xp.int64)
+    out_dist = xp.empty((rows.shape[0], k), dtype=xp.float64)
+    failed = []
+    step = _chunk(d + 2 * m, 8, backend)
+    for t0 in range(0, rows.shape[0], step):
+        R = rows[t0:t0 + step]
+        r = R.shape[0]
+        YR = (A[R].astype(xp.float64) - mean) * scale
+        keys = xp.full((r, m), xp.inf)
+        part = xp.full((r, m), -1, dtype=xp.int64)
+        cols = max(1, _chunk(3 * r, 8, backend) - m)
+        for j0 in range(0, n, cols):
+            j1 = min(n, j0 + cols)
+            block = shifted[None, j0:j1] - 2.0 * (YR @ centred(j0, j1).T)
+            own = (R >= j0) & (R < j1)
+            block[xp.flatnonzero(own), R[own] - j0] = xp.inf
+            merged = xp.concatenate([keys, block], axis=1)
+            merged_index = xp.concatenate([part, xp.broadcast_to(xp.arange(j0, j1, dtype=xp.int64), block.shape)],
+                                          axis=1)
+            keep = xp.argpartition(merged, m - 1, axis=1)[:, :m]
+            keys = xp.take_along_axis(merged, keep, axis=1)
+            part = xp.take_along_axis(merged_index, keep, axis=1)
+        index, dist = _nearest_first(part, exact_distances(A, R, part, p, backend), k, xp)
+        ok = _certified(dist[:, k - 1], sq[R], keys.max(axis=1), c, e_abs, part, xp)
+        out_index[t0:t0 + step], out_dist[t0:t0 + step] = index, dist
+        failed.append(t0 + xp.flatnonzero(~ok))
+    failed = xp.concatenate(failed)
+    report.update(float64_rows=int(rows.shape[0]), direct_rows=int(failed.shape[0]))
+    if failed.shape[0]:
+        out_index[failed], out_dist[failed] = _direct(A, rows[failed], k, p, backend)
+    return out_index, out_dist
+
+
+def _direct(A, rows, k: int, p: int, backend: Backend):
+    """(index, dist) of ``rows`` from their direct float64 distances to every point, ties to the lower index."""
+    xp = backend.xp
+    n, d = A.shape
+    out_index = xp.empty((rows.shape[0], k), dtype=xp.int64)
+    out_dist = xp.empty((rows.shape[0], k), dtype=xp.float64)
+    step = _chunk(n, 16, backend)
+    for t0 in range(0, rows.shape[0], step):
+        R = rows[t0:t0 + step]
+        cols = _chunk(3 * d * R.shape[0], 8, backend)
+        dist = xp.empty((R.shape[0], n), dtype=xp.float64)
+        for j0 in range(0, n, cols):
+            j1 = min(n, j0 + cols)
+            block = xp.broadcast_to(xp.arange(j0, j1, dtype=xp.int64), (R.shape[0], j1 - j0))
+            dist[:, j0:j1] = exact_distances(A, R, block, p, backend)
+        dist[xp.arange(R.shape[0]), R] = xp.inf
+        order = argsort_stable(xp, dist)[:, :k]
+        out_index[t0:t0 + step] = order
+        out_dist[t0:t0 + step] = xp.take_along_axis(dist, order, axis=1)
+    return out_index, out_dist

@@ -1,0 +1,191 @@
+"""The certified nearest-neighbour search (kkmgpu/kernels/knn_exact.py) against a float64 brute-force reference
+(scipy's cdist of the float64 values, ties to the lower index), on data built to defeat a low-precision search:
+
+- the error bound of the GEMM-form keys holds in every precision mode, on both devices (and is not vacuous);
+- the search keeps the reference's neighbours, nearest first, with their float64 distances, in every mode, on
+  float32 points far from the origin with far outliers and many duplicates (where the plain float32 search
+  fails), on float64 data offset by 1e7, and on data scaled by 1e20 and 1e-25 (no -1 index, the same neighbours
+  as the unscaled data, and the same ncut clustering on both devices);
+- rows that cannot be certified are recomputed, in float64 and directly, and stay exact;
+- the graph objective's features are centred in float64 before their cast; bad input raises with the rule.
+"""
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist
+
+import kkmgpu
+from kkmgpu.backend.device import resolve_device
+from kkmgpu.kernels import gemm, knn_cpu, knn_exact
+from kkmgpu.kernels.graphs import nearest_neighbors
+
+MODES = list(gemm.PRECISIONS)
+
+
+def reference(X, k):
+    """(index, sq): each row's k nearest other rows by float64 distance of X's values, ties to the lower index."""
+    X64 = np.asarray(X, dtype=np.float64)
+    D = cdist(X64, X64, "sqeuclidean")
+    np.fill_diagonal(D, np.inf)
+    index = np.argsort(D, axis=1, kind="stable")[:, :k]
+    return index, np.take_along_axis(D, index, axis=1)
+
+
+def hostile(rng, n=240, d=32):
+    """float32 points 300 from the origin in 32 dimensions (a product with a side below 32 runs fp32 in any mode;
+    GEMM-form keys of the raw points lose their digits), four outliers 1e4 away (they pull the mean: the centred bulk's norms dwarf its neighbour distances), 25 copies of one point
+    and 20 duplicated pairs (exact ties at and beyond the n_neighbors-th place)."""
+    X = rng.normal(size=(n, d)) + 300.0
+    out = rng.normal(size=(4, d))
+    X[:4] += 1e4 * out / np.linalg.norm(out, axis=1, keepdims=True)
+    X[4:29] = X[4]
+    X[29:49] = X[49:69]
+    return X.astype(np.float32)
+
+
+def search(X, k, device, mode, **kwargs):
+    backend = resolve_device(device)
+    index, sq = knn_exact.search(backend.asarray(X), k, backend, mode, **kwargs)
+    return backend.to_host(index), backend.to_host(sq)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_error_bound_holds(device, mode, rng):
+    """|D^ - D| <= c (||a_i||^2 + ||a_j||^2) + e_abs for D^ = ||a_i||^2 + ||a_j||^2 - 2 a_i . a_j with the
+    product in the mode (float32 features with a far outlier), and the observed error reaches at least 1/1000 of
+    the bound somewhere (a bound so loose would certify nothing)."""
+    backend = resolve_device(device)
+    a = rng.normal(size=(200, 64)).astype(np.float32)
+    a[0] *= 300.0
+    sq = np.einsum("ij,ij->i", a, a, dtype=np.float64)
+    G = backend.to_host(gemm.product(backend.asarray(a), backend.asarray(a), backend, mode)).astype(np.float64)
+    estimate = sq[:, None] + sq[None, :] - 2.0 * G
+    exact = cdist(a.astype(np.float64), a.astype(np.float64), "sqeuclidean")
+    c, e_abs = knn_exact.error_bound(gemm.effective_mode(mode, backend, np.float32, (200, 200, 64)), 64,
+                                      np.float32)
+    bound = c * (sq[:, None] + sq[None, :]) + e_abs
+    ratio = np.abs(estimate - exact) / bound
+    assert ratio.max() <= 1.0
+    assert ratio.max() > 1e-3
+
+
+def test_plain_float32_search_is_wrong_on_the_hostile_data(rng):
+    """The data of the next test defeat the GEMM-form float32 search of the raw points (so that test can fail)."""
+    X = hostile(rng)
+    plain = np.sort(knn_cpu.nearest_neighbors(X, 10), axis=1)
+    wrong = np.any(plain != np.sort(reference(X, 10)[0], axis=1), axis=1)
+    assert wrong.sum() >= 10
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_search_equals_the_float64_reference_on_hostile_data(device, mode, rng):
+    """Every row's neighbours, nearest first, and their float64 distances, in each precision mode. The 25 copies,
+    and the rows whose 10th neighbour is among them, cannot be certified (their 10th distance ties points not
+    kept) and are searched directly; in TF32 the outliers' pull on the mean leaves margins wider than the
+    neighbour distances, so every row is recomputed, while the other modes certify most rows from their
+    candidates."""
+    X = hostile(rng)
+    report = {}
+    index, sq = search(X, 10, device, mode, report=report)
+    want_index, want_sq = reference(X, 10)
+    np.testing.assert_array_equal(index, want_index)
+    np.testing.assert_allclose(sq, want_sq, rtol=1e-12, atol=0)
+    assert report["direct_rows"] >= 25
+    assert report["spares"] == knn_exact.spares(10)
+    if report["mode"] != "tf32":
+        assert report["candidates_certified"] > 0.5
+
+
+def test_float64_data_offset_by_1e7(device, rng):
+    """float64 points 1e7 from the origin, about 1 apart: exact (the search centres them in float64 first)."""
+    X = rng.normal(size=(150, 5)) + 1e7
+    index, sq = search(X, 8, device, "fp32")
+    want_index, want_sq = reference(X, 8)
+    np.testing.assert_array_equal(index, want_index)
+    np.testing.assert_allclose(sq, want_sq, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("scale, mode", [(1e20, "3xtf32"), (1e-25, "tf32")])
+def test_scaled_data_keep_the_neighbours(device, scale, mode, rng):
+    """float32 data times 1e20 (squared norms overflow float32) or 1e-25 (they underflow): no -1 index, the
+    reference's neighbours, those of the unscaled data; most rows certified from their candidates."""
+    X = rng.normal(size=(200, 32)).astype(np.float32)   # 32 features: a side below 32 would run fp32 in any mode
+    Xs = (X.astype(np.float64) * scale).astype(np.float32)
+    report = {}
+    index, sq = search(Xs, 7, device, mode, report=report)
+    assert index.min() >= 0 and report["candidates_certified"] > 0.5
+    want_index, want_sq = reference(Xs, 7)
+    np.testing.assert_array_equal(index, want_index)
+    np.testing.assert_allclose(sq, want_sq, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(index, reference(X, 7)[0])
+
+
+def test_ncut_on_scaled_data_is_the_same_clustering(device, rng):
+    """fit(X * 1e20, objective='ncut') and X * 1e-25 run (no -1 neighbour) and give fit(X)'s labels: the kNN graph
+    is the same."""
+    X = np.concatenate([rng.normal(size=(50, 2)), rng.normal(size=(50, 2)) + 6.0])
+    labels = [kkmgpu.fit(X * s, 2, objective="ncut", device=device, random_state=0).labels for s in (1.0, 1e20, 1e-25)]
+    np.testing.assert_array_equal(labels[1], labels[0])
+    np.testing.assert_array_equal(labels[2], labels[0])
+
+
+@pytest.mark.parametrize("how", ["no spares", "no spares, small tiles", "loose bound"])
+def test_uncertified_rows_are_recomputed(device, how, rng, monkeypatch):
+    """With no spare candidates (the n_neighbors-th key is the largest kept) or an error bound too loose to
+    certify anything, the rows are recomputed with float64 keys over all points: still exact, also in tiles of
+    13 rows (and column blocks of 7 in the recomputation) that divide nothing."""
+    if how.startswith("no spares"):
+        monkeypatch.setattr(knn_exact, "spares", lambda k: 0)
+        if how.endswith("small tiles"):
+            monkeypatch.setattr(knn_exact, "_chunk", lambda n_cols, itemsize, backend: 13)
+    else:
+        bound = knn_exact.error_bound
+        monkeypatch.setattr(knn_exact, "error_bound",
+                            lambda mode, d, dtype: bound(mode, d, dtype) if mode == "fp64" else (0.5, 0.0))
+    X = (rng.normal(size=(200, 5)) + 20.0).astype(np.float32)
+    report = {}
+    index, sq = search(X, 6, device, "fp32", report=report)
+    np.testing.assert_array_equal(index, reference(X, 6)[0])
+    assert report["candidates_certified"] < 0.5 and report["float64_rows"] > 100
+
+
+def test_graph_features_are_centred_in_float64(device, rng):
+    """fit's graph features of float64 data 1e7 from the origin, in float32: X minus its mean to float32's
+    precision (casting first would round every value to a whole number)."""
+    from kkmgpu.methods.graphcut import graph_features
+
+    backend = resolve_device(device)
+    X = rng.normal(size=(300, 4)) + 1e7
+    center, features = graph_features(backend.asarray(X), "float32", backend)
+    want = X - X.mean(axis=0)
+    np.testing.assert_allclose(backend.to_host(features), want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_bad_input_raises(rng):
+    backend = resolve_device("cpu")
+    X = rng.normal(size=(30, 3))
+    X[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        nearest_neighbors(X, 4, backend)
+    with pytest.raises(ValueError, match="gemm_precision='fp16' is not one of 'fp32', '3xtf32', 'tf32'"):
+        nearest_neighbors(X, 4, backend, "fp16")
+
+
+@pytest.mark.gpu
+def test_the_precision_reaches_the_gpu_search(rng, monkeypatch):
+    """build_graph(precision="tf32") runs the GPU search's products in that mode, not the default (32 features:
+    tensor-core sized), and the graph is the CPU's."""
+    from conftest import require_cuda
+    from kkmgpu.kernels import knn_cuda
+    from kkmgpu.kernels.graphs import build_graph
+
+    require_cuda()
+    modes = []
+    search_gpu = knn_cuda.search
+    monkeypatch.setattr(knn_cuda, "search", lambda *a, mode, **kw: modes.append(mode) or search_gpu(*a, mode=mode, **kw))
+    backend = resolve_device("cuda")
+    X = rng.normal(size=(120, 32)).astype(np.float32)
+    graph = build_graph(backend.asarray(X), 5, "knn", backend, precision="tf32")
+    assert modes == ["tf32"]
+    np.testing.assert_array_equal(backend.to_host(graph.graph.toarray()),
+                                  build_graph(X, 5, "knn", resolve_device("cpu")).graph.toarray())
