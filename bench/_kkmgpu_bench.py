@@ -232,18 +232,17 @@ def _cuda_best_seconds(cupy, fn, repeats: int) -> float:
     return best
 
 
-def _measure_cuda_floors() -> dict:
+def _measure_cuda_floors(nbytes: int | None = None) -> dict:
     import cupy
 
-    nbytes = 2 * COPY_BYTES  # 1 GiB per array, well past any cache
+    nbytes = nbytes or 2 * COPY_BYTES  # 1 GiB per array, well past any cache
     src = cupy.ones(nbytes // 4, dtype=cupy.float32)
     dst = cupy.zeros_like(src)
-    methods = {
-        "cudaMemcpyAsync D2D": 2 * nbytes / _cuda_best_seconds(
-            cupy, lambda: dst.data.copy_from_device_async(src.data, nbytes), 2 * BANDWIDTH_REPEATS),
-        "cupy.copyto": 2 * nbytes / _cuda_best_seconds(
-            cupy, lambda: cupy.copyto(dst, src), 2 * BANDWIDTH_REPEATS),
-    }
+    methods = {"cupy.copyto": 2 * nbytes / _cuda_best_seconds(
+        cupy, lambda: cupy.copyto(dst, src), 2 * BANDWIDTH_REPEATS)}
+    if hasattr(dst.data, "copy_from_device_async"):  # CuPy's; the stand-in of tests/standin has no raw copy
+        methods["cudaMemcpyAsync D2D"] = 2 * nbytes / _cuda_best_seconds(
+            cupy, lambda: dst.data.copy_from_device_async(src.data, nbytes), 2 * BANDWIDTH_REPEATS)
     t_write = _cuda_best_seconds(cupy, lambda: dst.fill(1.0), 2 * BANDWIDTH_REPEATS)
     t_read = _cuda_best_seconds(cupy, lambda: src.sum(), 2 * BANDWIDTH_REPEATS)
     del src, dst
@@ -269,12 +268,14 @@ class Floors:
     by where the buffers land). GEMM rates are measured once per problem size.
     """
 
-    def __init__(self):
+    def __init__(self, copy_bytes: int | None = None):
         self._samples: dict[str, list[dict]] = {}
         self._gemm: dict[tuple, float] = {}
+        self._copy_bytes = copy_bytes  # per array on a GPU (default 1 GiB); smaller only for smoke runs
 
     def measure(self, device: str) -> dict:
-        sample = _measure_cuda_floors() if device.startswith("cuda") else _measure_cpu_floors()
+        sample = (_measure_cuda_floors(self._copy_bytes) if device.startswith("cuda")
+                  else _measure_cpu_floors())
         sample["measured_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self._samples.setdefault(device, []).append(sample)
         return sample
@@ -330,6 +331,37 @@ class Floors:
         if gemm:
             out["gemm_float32_flops"] = gemm
         return out
+
+
+def gemm_mode_seconds(backend, A, B, mode: str, repeats: int = 3) -> float:
+    """Best time of ``A @ B.T`` as GEMM precision mode ``mode`` runs it (:mod:`kkmgpu.kernels.gemm`): the operands
+    are prepared (for "3xtf32": split and stacked) before the clock starts, so the time is the one GEMM call, the
+    floor of any kernel built on that product. CUDA events on a GPU, the host clock on the CPU. Where the working
+    tree has no precision modes, "fp32" is the plain product and the TF32 modes raise ValueError."""
+    xp = backend.xp
+    try:
+        from kkmgpu.kernels import gemm as _gemm
+    except ImportError:
+        _gemm = None
+    if _gemm is not None and hasattr(_gemm, "left_operand"):
+        left, right = _gemm.left_operand(A, mode, xp), _gemm.right_operand(B, mode, xp)
+        out = xp.empty((A.shape[0], B.shape[0]), dtype=A.dtype)
+
+        def run():
+            _gemm.gemm(left, right, backend, mode, out=out)
+    elif mode == "fp32":
+        out = xp.empty((A.shape[0], B.shape[0]), dtype=A.dtype)
+
+        def run():
+            xp.matmul(A, B.T, out=out)
+    else:
+        raise ValueError(f"GEMM mode {mode!r} needs kkmgpu.kernels.gemm, which this working tree lacks")
+    if backend.is_gpu:
+        import cupy
+
+        return _cuda_best_seconds(cupy, run, repeats)
+    run()
+    return _best_seconds(run, repeats, min_total=0.0)
 
 
 def derive_floors(case: dict, floors: Floors, device: str) -> None:
