@@ -281,10 +281,13 @@ def test_memory_guard_counts_the_split_operands():
                            match=r"kernel matrix and its 3xTF32 GEMM operands needs .*To need less: "
                                  r"gemm_precision='fp32'"):
             kkmgpu.fit(wide, 2, device="cuda", engine="dense", random_state=0)
-    X, k = _separated(15, n=2000, d=64)
-    init = rng.integers(0, k, 2000)
-    roomy = kkmgpu.fit(X, k, device="cuda", engine="tiled", init=init)
-    with _free_device_memory(4 * 2**20):
-        small = kkmgpu.fit(X, k, device="cuda", engine="tiled", init=init)
+    X, k = _separated(15, n=1000, d=64)
+    init = rng.integers(0, k, 1000)
+    kwargs = dict(device="cuda", engine="tiled", init=init, max_iter=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
+        roomy = kkmgpu.fit(X, k, **kwargs)
+        with _free_device_memory(2 * 2**20):  # tiles of about 70 rows
+            small = kkmgpu.fit(X, k, **kwargs)
     assert small.method_params["gemm_mode"] == "3xtf32"
     np.testing.assert_array_equal(_host(small.labels), _host(roomy.labels))
