@@ -317,8 +317,11 @@ def e2e_cases(ctx, part, Xd, y, base, e2e, floors, plain):
 
 def build_cases(ctx, part, Xd, gamma, base, floors, plain):
     for label, mode, runs in ctx.modes:
-        build = lambda: ctx.kkmgpu.kernel_matrix(Xd, kernel="rbf", gamma=gamma, device="cuda", dtype="float32",  # noqa: E731
-                                                 **ctx.mode_kw(mode, ctx.kkmgpu.kernel_matrix))
+        kw = dict(kernel="rbf", gamma=gamma, device="cuda", dtype="float32",
+                  **ctx.mode_kw(mode, ctx.kkmgpu.kernel_matrix))
+
+        def build():
+            return ctx.kkmgpu.kernel_matrix(Xd, **kw)
         best, median = ctx.best(build, ctx.sizes["repeats"])
         ctx.free()
         floor = max(floors[runs], floors["write"])
@@ -326,10 +329,9 @@ def build_cases(ctx, part, Xd, gamma, base, floors, plain):
                   "gemm_precision": runs, "seconds": best, "median_s": median, "floor_s": floor,
                   "floor_parts_s": {"gemm": floors[runs], "write": floors["write"]}, "ratio": _ratio(best, floor)})
     best, _ = ctx.best(lambda: plain.plain_kernel_matrix(Xd, gamma, ctx.cp), max(1, ctx.sizes["repeats"] - 1))
-    fp32 = floors.get("fp32")
+    floor = None if floors.get("fp32") is None else max(floors["fp32"], floors["write"])
     part.add({**base, "id": "plain-cupy-build", "what": "plain CuPy build (bench_gpu_engine.plain_kernel_matrix)",
-              "gemm_precision": "fp32", "seconds": best, "floor_s": None if fp32 is None else max(fp32, floors["write"]),
-              "ratio": None if fp32 is None else _ratio(best, max(fp32, floors["write"]))})
+              "gemm_precision": "fp32", "seconds": best, "floor_s": floor, "ratio": _ratio(best, floor)})
     _speedup(part, "engine-build-default", best)
 
 
@@ -388,7 +390,9 @@ def iteration_cases(ctx, part, Kd, base, plain):
         new = xp.asarray(new_h)
         kw = {"n_moved": m} if getattr(op, "takes_moved_count", False) else {}
         copies = [S0.copy() for _ in range(repeats + 1)]
-        step = lambda: rest_of_iteration(op, op.update_cluster_sums(copies.pop(), labels, new, **kw), new, xp)  # noqa: E731
+
+        def step():
+            return rest_of_iteration(op, op.update_cluster_sums(copies.pop(), labels, new, **kw), new, xp)
         best, median = ctx.best(step, repeats)
         check = op.update_cluster_sums(S0.copy(), labels, new, **kw)
         error = float(xp.abs(check - op.cluster_sums(new, K)).max() / xp.abs(S0).max())
@@ -552,8 +556,9 @@ def _ncut_case(ctx, part, tag, Xd, y, repeat_under):
         times.append(seconds)
         if len(times) >= 2 or seconds > repeat_under:
             break
-    part.add({**ctx.describe(), "id": f"ncut-{tag}", "n": Xd.shape[0], "what": 'fit(X, 10, objective="ncut") end to end '
-              "(graph, spectral start, iterations), X on the device", "gemm_precision": ctx.default_mode,
+    part.add({**ctx.describe(), "id": f"ncut-{tag}", "n": Xd.shape[0],
+              "what": 'fit(X, 10, objective="ncut") end to end (graph, spectral start, iterations), X on the device',
+              "gemm_precision": ctx.default_mode,
               "seconds": min(times), "all_s": times, "n_iter": int(r.n_iter), "timings": dict(r.timings),
               "nmi_vs_digits": None if y is None else float(nmi(y, ctx.backend.to_host(r.labels)))})
 

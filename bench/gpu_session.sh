@@ -46,7 +46,7 @@
 #                                        #      (MNIST repeated with pixel noise) (`frontier`: both, 570 s)
 #   bash bench/gpu_session.sh graphs     # GPU, <= 280 s: objective="ncut" (bench_graphs.py): the quality sets with
 #                                        #      the spectral start on the GPU (1 seed), graph + clustering of MNIST at
-#                                        #      70,000 (and scikit-learn on the host's cores) -> <date>-<gpu>-graphs.json
+#                                        #      70,000 (and scikit-learn on the host's cores) -> ...-graphs.json
 #   bash bench/gpu_session.sh graphs-1m  # GPU, <= 290 s: kkmgpu's graph + clustering at 1,000,000
 #   bash bench/gpu_session.sh all SECONDS [PHASE]  # the phases above in that order (from PHASE on), each only if
 #                                        #      its worst case still fits in what is left of SECONDS; says which were
@@ -85,7 +85,9 @@ trimming-a:280 trimming-b:280 catssolve:300 frontier-70k:280 frontier-1m:290 gra
 
 if [ "$phase" = all ]; then
     budget=${2:-} from=${3:-}
-    case "$budget" in ''|*[!0-9]*) echo "usage: bash bench/gpu_session.sh all SECONDS [PHASE] (a whole number)"; exit 2 ;; esac
+    case "$budget" in
+        ''|*[!0-9]*) echo "usage: bash bench/gpu_session.sh all SECONDS [PHASE] (a whole number)"; exit 2 ;;
+    esac
     start=$(date +%s)
     ran="" left_out="" started=${from:+no}
     for entry in $PHASES; do
@@ -104,7 +106,8 @@ if [ "$phase" = all ]; then
         fi
     done
     [ "${started:-yes}" = yes ] || { echo "no phase named $from"; exit 2; }
-    echo "#### ran:${ran:- none}; left out for lack of time:${left_out:- none} ($(( $(date +%s) - start ))s of ${budget}s)"
+    echo "#### ran:${ran:- none}; left out for lack of time:${left_out:- none}" \
+        "($(( $(date +%s) - start ))s of ${budget}s)"
     exit 0
 fi
 case "$phase" in  # the two halves in one call of 10 minutes (a session with the time for both)
@@ -150,7 +153,8 @@ quick_tests() {  # sets test_args to the pytest arguments of a test step (smoke:
     twins) test_args=(tests/test_twins.py tests/test_tiled.py
                       -k "${smoke:+cuda_twin_equals_numba_twin and rbf and }not knn and not same_bits") ;;
     same-bits) test_args=(tests/test_properties.py tests/test_tiled.py -k same_bits) ;;
-    knn) test_args=(tests/test_graphs.py tests/test_twins.py -k "${smoke:+float32 and 37 and }knn or nearest or graph") ;;
+    knn) test_args=(tests/test_graphs.py tests/test_twins.py
+                    -k "${smoke:+float32 and 37 and }knn or nearest or graph") ;;
     approx-ncut) test_args=(tests/test_approx.py tests/test_graphcut.py)
                  [ -n "$smoke" ] && test_args+=(-k "every_point_a_landmark or lloyd_steps") ;;
     esac
@@ -176,12 +180,14 @@ quick_phase() {  # quick_phase PHASE WORK: the steps of PHASE within the budget,
         i=$((i + 1))
         IFS=: read -r name kind limit minimum <<< "$entry"
         limit=$((limit * scale)) minimum=$((minimum * scale))
-        later=$(echo $steps | tr ' ' '\n' | tail -n $((n_steps - i)) | awk -F: -v s=$scale '{m += $4 * s + '$KILL_GRACE'} END {print m + 0}')
+        later=$(echo $steps | tr ' ' '\n' | tail -n $((n_steps - i)) |
+                awk -F: -v s=$scale -v g=$KILL_GRACE '{m += $4 * s + g} END {print m + 0}')
         left=$((budget - ($(date +%s) - start) - later - KILL_GRACE - COLLECT_LIMIT - KILL_GRACE))
         lim=$((limit < left ? limit : left))
         if [ "$lim" -lt "$minimum" ]; then
             echo "== $name: NOT RUN (${left}s left of the budget after the later steps' minimums, needs ${minimum}s)"
-            printf '%s\t%s\t%s\t\t\t%s\n' "$name" "$kind" "$limit" "not run: ${left}s left, needs ${minimum}s" >> "$work/steps.tsv"
+            printf '%s\t%s\t%s\t\t\t%s\n' "$name" "$kind" "$limit" "not run: ${left}s left, needs ${minimum}s" \
+                >> "$work/steps.tsv"
             continue
         fi
         echo "== $name ($(date -u +%H:%M:%S), limit ${lim}s of ${limit}s)"
@@ -197,7 +203,8 @@ quick_phase() {  # quick_phase PHASE WORK: the steps of PHASE within the budget,
             timeout -k $KILL_GRACE "$lim" python bench/bench_quick.py "$name" --work "$work" $flags
         fi
         rc=$?
-        printf '%s\t%s\t%s\t%s\t%s\t\n' "$name" "$kind" "$lim" "$(awk "BEGIN {print $(date +%s.%N) - $t0}")" "$rc" >> "$work/steps.tsv"
+        printf '%s\t%s\t%s\t%s\t%s\t\n' "$name" "$kind" "$lim" "$(awk "BEGIN {print $(date +%s.%N) - $t0}")" "$rc" \
+            >> "$work/steps.tsv"
         echo "== $name: exit $rc"
     done
     timeout -k $KILL_GRACE $COLLECT_LIMIT python bench/bench_quick.py collect --work "$work" --phase "$phase" \
@@ -207,7 +214,9 @@ quick_phase() {  # quick_phase PHASE WORK: the steps of PHASE within the budget,
 if [ "$phase" = quick ] || [ "$phase" = targets ]; then
     work=/tmp/kkmgpu-gpu-$phase
     rm -rf "$work" && mkdir -p "$work"
-    if [ -n "${OUT:-}" ]; then dest=$OUT; elif [ -n "${KKMGPU_QUICK_SMOKE:-}" ]; then dest=$work; else dest=$root/bench/results; fi
+    dest=$root/bench/results
+    [ -n "${KKMGPU_QUICK_SMOKE:-}" ] && dest=$work  # smoke results never land in bench/results/
+    [ -n "${OUT:-}" ] && dest=$OUT
     quick_phase "$phase" "$work" "$dest" 2>&1 | tee "$work/$phase.log"
     if [ -f "$work/result-path" ]; then
         result=$(cat "$work/result-path")
