@@ -294,7 +294,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
                                     graph_shift=graph_shift, kernel=kernel, gamma=gamma, method=method,
                                     sample_weight=sample_weight, device=device, dtype=dtype, init=init,
                                     n_init=n_init, max_iter=max_iter, tol=tol, random_state=random_state,
-                                    verbose=verbose, keep_on_device=keep_on_device, progress=progress)
+                                    verbose=verbose, keep_on_device=keep_on_device, progress=progress,
+                                    gemm_precision=gemm_precision)
     if (affinity, n_neighbors, graph_shift) != ("knn", graphcut.DEFAULT_N_NEIGHBORS, "auto"):
         raise ValueError("affinity, n_neighbors and graph_shift belong to the graph objectives; pass "
                          "objective='ncut' or 'ratio_association' to use them.")
