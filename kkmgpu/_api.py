@@ -70,6 +70,7 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
                                                    kernel_params=kernel_params, precision=gemm_precision), dt, False,
                                   center_linear=False)
         ct = _kernel_spec.compute_dtype(dt)
+        _validation.gemm_mode_ran(gemm_precision, spec, backend, dt, X.shape[0], X.shape[1], stacklevel=3)
         A = _kernels.prepare_features(X, spec, backend, ct)
         if Y is None:
             B = A

@@ -96,6 +96,7 @@ def _error_bound(mode, d, S, a=None, gamma=None, K=None):
     return K * (gamma * dD * 1.01 + 4 * U32)
 
 
+@pytest.mark.filterwarnings("ignore:gemm_precision='tf32' has no effect:UserWarning")
 @pytest.mark.parametrize("kernel", ["linear", "rbf"])
 def test_kernel_error_of_each_mode_is_bounded(device, kernel):
     """Every mode stays within its bound of the float64 kernel; on a GPU 3xTF32 is within a small factor of FP32's
@@ -237,6 +238,8 @@ def test_an_explicit_mode_warns_only_where_it_has_no_effect(device):
     with pytest.warns(UserWarning, match="gemm_precision='tf32' has no effect: dtype='float64'" if device == "cuda"
                       else "gemm_precision='tf32' has no effect: the CPU"):
         kkmgpu.fit(X, k, device=device, dtype="float64", gemm_precision="tf32")
+    with pytest.warns(UserWarning, match="gemm_precision='fp32' has no effect"):
+        kkmgpu.kernel_matrix(X, device=device, dtype="float64", gemm_precision="fp32")  # float64 runs FP64
     K = reference.kernel_matrix(X, kernel="rbf", params={"gamma": 1.0 / (X.shape[1] * X.var())})
     with pytest.warns(UserWarning, match="has no effect: kernel='precomputed' has no kernel products"):
         result = kkmgpu.fit(K, k, kernel="precomputed", device=device, gemm_precision="tf32")
