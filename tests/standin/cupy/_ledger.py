@@ -60,8 +60,9 @@ ROUTINES = {
 
 #: raw kernels whose named pointer argument is read only at the rows listed in another argument:
 #: kernel name -> {argument: argument with the row indices}; kernels_cuda/kernel_kmeans.cu's ``segment_sums``
-#: reads K[rows[p], :] for its entries p, not all of K
-ROW_GATHERS = {"segment_sums": {"K": "rows"}}
+#: and ``moved_sums`` read K[rows[p], :] for their entries p, not all of K. A new kernel that gathers rows must be
+#: listed here, or the ledger counts all of its argument
+ROW_GATHERS = {"segment_sums": {"K": "rows"}, "moved_sums": {"K": "rows"}}
 
 _STANDIN_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 _REPO_ROOT = os.path.dirname(os.path.dirname(_STANDIN_ROOT))
@@ -141,11 +142,16 @@ class Ledger:
     def __init__(self, trace: bool = False):
         self.counts = Counts()
         self.launch_names = Counter()   # operation or kernel name -> launches
+        self.by_name = {}               # operation or kernel name -> Counts of its launches (bytes, flops)
         self.sync_sites = Counter()     # (kind, "file:line function") -> syncs
         self.h2d_sites = Counter()      # "file:line function" -> bytes copied to the device
         self.launch_sites = Counter() if trace else None
         self.notes = Counter()          # what the ledger could not model exactly
         self.marks = []                 # (label, Counts so far)
+
+    def snapshot_by_name(self) -> dict:
+        """{operation name: Counts of its launches so far} (a copy)."""
+        return {name: counts.copy() for name, counts in self.by_name.items()}
 
     def snapshot(self) -> Counts:
         return self.counts.copy()
@@ -220,6 +226,14 @@ def launch(name: str, read=0, written=0, flops=0, mode=None, launches=1, syncs=0
             if flops:
                 c.flops[mode] = c.flops.get(mode, 0) + flops
             led.launch_names[name] += launches
+            own = led.by_name.get(name)
+            if own is None:
+                own = led.by_name[name] = Counts()
+            own.launches += launches
+            own.read_bytes += read
+            own.written_bytes += written
+            if flops:
+                own.flops[mode] = own.flops.get(mode, 0) + flops
             if syncs:
                 c.syncs += syncs
                 c.d2h_bytes += 8 * syncs  # a count or a flag

@@ -1,0 +1,151 @@
+"""What one Lloyd iteration of every method would cost on a GPU: budgets held on the CuPy stand-in's cost ledger.
+
+The ledger (``cupy.cuda.standin_ledger``, tests/standin/cupy/_ledger.py) counts kernel launches, device-to-host
+synchronisations, host <-> device bytes, device bytes and matrix-product flops as the emulated GPU path runs, so
+CI sees a GPU cost regression without a GPU (docs/gpu-emulation.md, "Cost ledger").
+
+One iteration's counts come from two fits that differ only in ``max_iter`` (A and B, from the same seeded start,
+``tol=0``): the first A iterations, the set-up and the wrap-up are the same in both, so the difference over
+B - A is what an iteration costs, with no hook inside the loops. The budgets (issue 26):
+
+* synchronisations per iteration at most :data:`SYNC_BUDGET` (one for a Lloyd iteration: the host learns the
+  moved count and the cluster counts, the only things it decides on; see the table for the others);
+* launches per iteration the same at n and 2n, and at k and 2k: no per-point or per-cluster launches;
+* no n-length transfer per iteration: host <-> device bytes the same at n and 2n (a transfer of even one byte
+  per point would add n bytes at 2n).
+
+The cases run on the stand-in only (``KKMGPU_EMULATE_GPU=1``); without it they skip like every ``cuda`` case,
+and on a real GPU they skip because the ledger is the stand-in's (``bash bench/gpu_session.sh`` measures there).
+"""
+
+import functools
+import warnings
+
+import numpy as np
+import pytest
+
+import kkmgpu
+from conftest import cuda_skip_reason
+
+pytestmark = pytest.mark.gpu
+
+N, K, D = 150, 3, 4
+#: (A, B): the iterations compared; from the third on, the moved points are few enough for the incremental
+#: updates of update="auto" (ncut) on these data
+ITERATIONS = (2, 4)
+
+#: case -> fit's keywords; every case runs init="random", n_init=1, tol=0, random_state=0 on the device
+CASES = {
+    "exact-dense-full": dict(engine="dense", update="full"),
+    "exact-dense-incremental": dict(engine="dense", update="incremental"),
+    "exact-tiled-full": dict(engine="tiled", update="full"),
+    "exact-tiled-incremental": dict(engine="tiled", update="incremental"),
+    "cats": dict(method="cats", n_samples_per_cluster=16, theta=0.0),
+    "eigen": dict(method="eigen"),
+    "approx": dict(method="approx"),
+    "trimmed": dict(method="trimmed", update="incremental"),
+    "ncut": dict(objective="ncut"),
+}
+
+#: device-to-host synchronisations one iteration may make (issue 26: "a dense incremental iteration makes at most
+#: one device-to-host transfer"; a Lloyd iteration needs one, the moved count and cluster counts it stops and
+#: refills on). The incremental tiled and sparse updates also size their work by the moved points on the host
+#: (flatnonzero), and the sparse one gathers the moved rows of K, whose stored entries CuPy counts on the host.
+#: CATS: one, the cluster counts its sampling and stopping rules read.
+SYNC_BUDGET = {
+    "exact-dense-full": 1,
+    "exact-dense-incremental": 1,
+    "exact-tiled-full": 1,
+    "exact-tiled-incremental": 2,
+    "cats": 1,
+    "eigen": 1,
+    "approx": 1,
+    "trimmed": 3,
+    "ncut": 3,
+}
+
+
+def _standin():
+    """The stand-in's CuPy (skips where the cuda cases skip, and on a real GPU)."""
+    reason = cuda_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    from kkmgpu.backend.device import import_cupy
+
+    cp = import_cupy()
+    if not hasattr(cp.cuda, "standin_ledger"):
+        pytest.skip("the CuPy stand-in's cost ledger (cupy.cuda.standin_ledger) not found: this CuPy is the real "
+                    "one, whose costs bench/gpu_session.sh measures")
+    return cp
+
+
+def _data(n):
+    return np.random.default_rng(26).random((n, D)).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def per_iteration(case, n, k):
+    """(Counts of one iteration, its ledgers' launch names and sync sites per iteration) for ``case``."""
+    cp = _standin()
+    X = _data(n)
+    ledgers = []
+    for max_iter in ITERATIONS:
+        with cp.cuda.standin_ledger() as ledger, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ConvergenceWarning: max_iter is reached on purpose
+            result = kkmgpu.fit(X, k, device="cuda", init="random", n_init=1, random_state=0, max_iter=max_iter,
+                                tol=0.0, **CASES[case])
+        assert result.n_iter == max_iter, (f"{case}: the fit stopped after {result.n_iter} of {max_iter} "
+                                           "iterations; the comparison needs data that keep moving")
+        ledgers.append(ledger)
+    first, last = ledgers
+    steps = ITERATIONS[1] - ITERATIONS[0]
+    names = last.launch_names.copy()
+    names.subtract(first.launch_names)
+    sites = last.sync_sites.copy()
+    sites.subtract(first.sync_sites)
+    return ((last.counts - first.counts) / steps, {name: v / steps for name, v in names.items() if v},
+            {site: v / steps for site, v in sites.items() if v})
+
+
+def _describe(case, n, k):
+    counts, names, sites = per_iteration(case, n, k)
+    lines = [f"{case} at n={n}, k={k}, per iteration: {counts}"]
+    lines += [f"  sync {v:g} x {kind} at {where}" for (kind, where), v in sites.items()]
+    lines += [f"  launch {v:g} x {name}" for name, v in sorted(names.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_syncs_per_iteration_within_budget(case):
+    counts, _, _ = per_iteration(case, N, K)
+    assert counts.syncs <= SYNC_BUDGET[case], _describe(case, N, K)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_launches_per_iteration_do_not_grow_with_n(case):
+    small, large = per_iteration(case, N, K)[0], per_iteration(case, 2 * N, K)[0]
+    assert large.launches == small.launches, _describe(case, N, K) + "\n" + _describe(case, 2 * N, K)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_launches_per_iteration_do_not_grow_with_k(case):
+    small, large = per_iteration(case, N, K)[0], per_iteration(case, N, 2 * K)[0]
+    assert large.launches == small.launches, _describe(case, N, K) + "\n" + _describe(case, N, 2 * K)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_n_length_transfer_per_iteration(case):
+    small, large = per_iteration(case, N, K)[0], per_iteration(case, 2 * N, K)[0]
+    moved = [c.h2d_bytes + c.d2h_bytes for c in (small, large)]
+    assert moved[1] == moved[0], _describe(case, N, K) + "\n" + _describe(case, 2 * N, K)
+
+
+def test_iteration_counts_follow_the_work():
+    """The ledger sees the work itself: a full dense iteration reads K (n^2 float32) at least once and a tiled one
+    multiplies 2 n^2 d (times three in 3xTF32) float32 flops, at n and 2n."""
+    for n in (N, 2 * N):
+        dense = per_iteration("exact-dense-full", n, K)[0]
+        assert dense.read_bytes >= 4 * n * n
+        tiled = per_iteration("exact-tiled-full", n, K)[0]
+        gemm = sum(v for mode, v in tiled.flops.items() if mode in ("fp32", "tf32"))
+        assert gemm in (2 * n * n * D, 3 * 2 * n * n * D), _describe("exact-tiled-full", n, K)
