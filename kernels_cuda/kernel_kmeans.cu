@@ -5,12 +5,30 @@
 // kind codes (kkmgpu/kernels/functions.py EPILOGUE_CODES): 0 linear, 1 rbf, 2 polynomial, 3 sigmoid, 4 laplacian.
 // Storage types: float, double, and unsigned short (float16 bits) for segment_sums.
 
-template <typename T>
-__device__ __forceinline__ double kkm_kernel_value(double g, double a, double b, int kind,
-                                                   double gamma, double coef0, int degree)
+// kappa(x_i, y_j) from the inner product g and the squared norms a, b, in the block's precision: float math for
+// float blocks (the value is stored as float), double for double.
+__device__ __forceinline__ float kkm_kernel_value(float g, float a, float b, int kind, float gamma, float coef0,
+                                                  int degree)
 {
     if (kind == 1 || kind == 4) {
-        double d = a + b - 2.0 * g;          // squared Euclidean distance from the GEMM
+        float d = a + b - 2.0f * g;          // squared Euclidean distance from the GEMM
+        if (d < 0.0f) d = 0.0f;
+        return kind == 1 ? expf(-gamma * d) : expf(-gamma * sqrtf(d));
+    }
+    if (kind == 2) {
+        float base = gamma * g + coef0, v = 1.0f;
+        for (int p = 0; p < degree; ++p) v *= base;
+        return v;
+    }
+    if (kind == 3) return tanhf(gamma * g + coef0);
+    return g;
+}
+
+__device__ __forceinline__ double kkm_kernel_value(double g, double a, double b, int kind, double gamma,
+                                                   double coef0, int degree)
+{
+    if (kind == 1 || kind == 4) {
+        double d = a + b - 2.0 * g;
         if (d < 0.0) d = 0.0;
         return kind == 1 ? exp(-gamma * d) : exp(-gamma * sqrt(d));
     }
@@ -30,11 +48,12 @@ __global__ void kernel_epilogue(T* __restrict__ block, const T* __restrict__ row
                                 const T* __restrict__ col_sq, long long m, long long n,
                                 int kind, double gamma, double coef0, int degree)
 {
+    const T gam = (T)gamma, c0 = (T)coef0;
     for (long long i = blockIdx.x; i < m; i += gridDim.x) {
-        const double a = (double)row_sq[i];
+        const T a = row_sq[i];
         T* row = block + i * n;
         for (long long j = threadIdx.x; j < n; j += blockDim.x) {
-            row[j] = (T)kkm_kernel_value<T>((double)row[j], a, (double)col_sq[j], kind, gamma, coef0, degree);
+            row[j] = kkm_kernel_value(row[j], a, col_sq[j], kind, gam, c0, degree);
         }
     }
 }
@@ -68,29 +87,18 @@ __global__ void assign_labels(const double* __restrict__ S, const T* __restrict_
     }
 }
 
-// float16 storage: K is passed as its IEEE 754 binary16 bit patterns (unsigned short) and widened
-// here with integer operations, so the module needs no cuda_fp16.h.
+// float16 storage: K is passed as its IEEE 754 binary16 bit patterns (unsigned short) and widened by the
+// hardware conversion (cvt.f32.f16; inline PTX, so the module needs no cuda_fp16.h, which NVRTC may not find).
+// The CPU harness (tests/cudacpu) compiles this source with g++ and supplies the same exact conversion.
 __device__ __forceinline__ float kkm_half_to_float(unsigned short h)
 {
-    unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
-    unsigned int exponent = ((unsigned int)h >> 10) & 0x1fu;
-    unsigned int mantissa = (unsigned int)h & 0x3ffu;
-    unsigned int bits;
-    if (exponent == 0) {
-        if (mantissa == 0) {
-            bits = sign;                                   // +-0
-        } else {                                           // subnormal: normalise
-            exponent = 127 - 15 + 1;
-            while ((mantissa & 0x400u) == 0) { mantissa <<= 1; --exponent; }
-            mantissa &= 0x3ffu;
-            bits = sign | (exponent << 23) | (mantissa << 13);
-        }
-    } else if (exponent == 31) {
-        bits = sign | 0x7f800000u | (mantissa << 13);     // inf, nan
-    } else {
-        bits = sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13);
-    }
-    return __uint_as_float(bits);
+#ifdef CUDACPU_HALF_TO_FLOAT
+    return CUDACPU_HALF_TO_FLOAT(h);
+#else
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#endif
 }
 
 __device__ __forceinline__ double kkm_value(const float* K, long long idx) { return (double)K[idx]; }

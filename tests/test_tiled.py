@@ -4,6 +4,7 @@ reference cluster sums, and whole runs against the dense engine from the same in
 import re
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +113,9 @@ def _twin_inputs(rng, t, m, dtype, name):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", ["rbf", "laplacian", "polynomial", "sigmoid", "linear"])
-@pytest.mark.parametrize("t,m,k,sort", [(1, 1, 1, True), (7, 13, 3, True), (33, 130, 5, False), (130, 257, 70, True)])
+# the last three split the columns into pieces on the GPU (tiled_cuda.pieces): sorted, and unsorted (whole rows)
+@pytest.mark.parametrize("t,m,k,sort", [(1, 1, 1, True), (7, 13, 3, True), (33, 130, 5, False), (130, 257, 70, True),
+                                        (40, 2000, 40, True), (9, 1000, 4, False), (3, 3000, 2, True)])
 def test_tile_cluster_sums_matches_float64_formula(backend, name, dtype, t, m, k, sort):
     rng = np.random.default_rng([t, m, k, len(name)])
     G, a, b, col_points, row0, V = _twin_inputs(rng, t, m, dtype, name)
@@ -134,7 +137,7 @@ def test_tile_cluster_sums_matches_float64_formula(backend, name, dtype, t, m, k
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", ["rbf", "laplacian", "polynomial", "sigmoid", "linear"])
-@pytest.mark.parametrize("t,m,k", [(1, 1, 2), (9, 4, 3), (140, 37, 6)])
+@pytest.mark.parametrize("t,m,k", [(1, 1, 2), (9, 4, 3), (140, 37, 6), (20, 700, 9)])
 def test_tile_moved_sums_matches_float64_formula(backend, name, dtype, t, m, k):
     rng = np.random.default_rng([t, m, k, len(name), 2])
     G, a, b, col_points, row0, V = _twin_inputs(rng, t, m, dtype, name)
@@ -184,7 +187,7 @@ def test_twins_reject_squared_norms_of_the_wrong_length(backend, op):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["rbf", "laplacian", "polynomial", "sigmoid", "linear"])
-@pytest.mark.parametrize("k", [4, 5000])  # shared-memory sums, and global atomics past SHARED_MAX_CLUSTERS
+@pytest.mark.parametrize("k", [4, 5000])  # runs of hundreds of columns, and of one or two
 def test_cuda_twin_equals_numba_twin(name, k):
     reason = cuda_skip_reason()
     if reason:
@@ -206,9 +209,66 @@ def test_cuda_twin_equals_numba_twin(name, k):
                             0.7, 3, be.asarray(clusters), be.asarray(old), be.asarray(coeffs), be.asarray(col_points),
                             row0, S)
         results.append(be.to_host(S))
-    # both round every kernel value to float32 and accumulate in float64; only the GPU's double-precision
-    # epilogue vs numba's mixed float32/float64 expression and the summation order differ
-    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-5 * np.abs(results[0]).max())
+    # both compute every kernel value in float32 and accumulate in float64; only the math library (CUDA's expf
+    # and tanhf are within 2 ulps), FMA contraction and the summation order differ
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-6 * np.abs(results[0]).max())
+
+
+#: the harness's thread orders (CUDACPU_SCHEDULE / CUDACPU_SEED, read at every launch); a real GPU ignores them
+SCHEDULES = [("forward", "0"), ("reverse", "0"), ("random", "1"), ("random", "2")]
+
+
+def _tile_sums_bits(be, G, a, b, clusters, new, old, coeffs, col_points, row0, k):
+    """The bits of one tile_cluster_sums and one tile_moved_sums pass (rbf) on ``be``."""
+    ops = _tiled.tiled_ops(be)
+    out = []
+    for moved in (False, True):
+        S = be.asarray(np.zeros((G.shape[0], k)))
+        args = (be.asarray(G.copy()), be.asarray(a), be.asarray(b), 1, 0.3, 0.7, 3)
+        if moved:
+            ops.tile_moved_sums(*args, be.asarray(new), be.asarray(old), be.asarray(coeffs),
+                                be.asarray(col_points), row0, S)
+        else:
+            ops.tile_cluster_sums(*args, be.asarray(clusters), be.asarray(coeffs), be.asarray(col_points), row0, S)
+        out.append(be.to_host(S).view(np.uint64).copy())
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("k", [7, 700])  # long runs per cluster, and runs of about three columns
+def test_cuda_tile_sums_same_bits_under_every_schedule(monkeypatch, dtype, k):
+    """No float atomic decides a result: the tiled kernels give the same bits whatever order the threads run in.
+    Emulated, each pass runs under the harness's forward, reverse and two random schedules (atomics apply in
+    program order there, so an accumulation whose order follows the threads' changes bits with the schedule); on
+    a real GPU the schedules are ignored and the passes are plain repeats. The sums are also held to float64."""
+    reason = cuda_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    rng = np.random.default_rng([k, np.dtype(dtype).itemsize, 23])
+    t, m = 24, 2001  # split into 7 pieces on the GPU (tiled_cuda.pieces)
+    G, a, b, col_points, row0, V = _twin_inputs(rng, t, m, dtype, "rbf")
+    clusters = np.sort(rng.integers(0, k, m)).astype(np.int32)
+    old = rng.integers(0, k, m).astype(np.int32)
+    new = ((old + rng.integers(1, k, m)) % k).astype(np.int32)
+    coeffs = rng.uniform(-1.0, 2.0, m)
+    gpu = Backend("cuda", 0)
+    runs = []
+    for schedule, seed in SCHEDULES:
+        monkeypatch.setenv("CUDACPU_SCHEDULE", schedule)
+        monkeypatch.setenv("CUDACPU_SEED", seed)
+        runs.append(_tile_sums_bits(gpu, G, a, b, clusters, new, old, coeffs, col_points, row0, k))
+    for (schedule, seed), run in zip(SCHEDULES[1:], runs[1:]):
+        for what, got, want in zip(("tile_cluster_sums", "tile_moved_sums"), run, runs[0]):
+            assert np.array_equal(got, want), (
+                f"{what}: {np.count_nonzero(got != want)} of {got.size} sums differ in their bits between the "
+                f"forward schedule and {schedule} (seed {seed})")
+    scale = np.abs(coeffs).sum()
+    np.testing.assert_allclose(runs[0][0].view(np.float64), _indicator_sums(V, clusters, coeffs, k),
+                               rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["atol"] * scale)
+    np.testing.assert_allclose(runs[0][1].view(np.float64),
+                               _indicator_sums(V, new, coeffs, k) - _indicator_sums(V, old, coeffs, k),
+                               rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["atol"] * scale)
 
 
 def test_cuda_source_declares_the_twins():
@@ -216,12 +276,12 @@ def test_cuda_source_declares_the_twins():
 
     src = cuda_source("tiled.cu")
     for name in ("tile_cluster_sums", "tile_moved_sums", "tile_epilogue"):
-        assert re.search(rf"__global__ void {name}\(", src), name
+        assert re.search(rf"__global__ void (__launch_bounds__\([^)]*\)\s*)?{name}\(", src), name
 
 
 def _kernel_parameters(src, name):
     """The C types of a __global__ kernel's parameters in tiled.cu, with T spelled out as "T"."""
-    body = re.search(rf"__global__ void {name}\((.*?)\)\s*{{", src, re.S).group(1)
+    body = re.search(rf"__global__ void (?:__launch_bounds__\([^)]*\)\s*)?{name}\((.*?)\)\s*{{", src, re.S).group(1)
     types = []
     for param in body.split(","):
         words = param.replace("__restrict__", "").replace("const", "").split()
@@ -230,43 +290,55 @@ def _kernel_parameters(src, name):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("k", [3, 4096, 4097])
-def test_cuda_launchers_pass_what_the_kernels_declare(monkeypatch, dtype, k):
+@pytest.mark.parametrize("t,m", [(70, 9), (3, 5000), (40_000, 300)])
+def test_cuda_launchers_pass_what_the_kernels_declare(monkeypatch, dtype, t, m):
     """Without a GPU: the CuPy launchers of kkmgpu.kernels.tiled_cuda hand each kernel of tiled.cu arguments of exactly
-    its parameter types (CuPy does not check them: a mismatch would read garbage), with a valid launch geometry
-    and shared memory for the k per-cluster sums only where the SHARED instantiation is chosen."""
+    its parameter types (CuPy does not check them: a mismatch would read garbage), with a grid sized to the device's
+    SMs, the entries split into pieces only where rows are too few to fill it, and tile_combine after a split."""
     from types import SimpleNamespace
 
     from kkmgpu.kernels import tiled_cuda as _tiled_gpu
     from kkmgpu.kernels.kernel_kmeans_cuda import cuda_source
 
     src = cuda_source("tiled.cu")
-    fake_cp = SimpleNamespace(zeros=np.zeros, ascontiguousarray=np.ascontiguousarray, int32=np.int32,
-                              int64=np.int64, float64=np.float64)
+    sms = 7
+    fake_cp = SimpleNamespace(zeros=np.zeros, empty=np.empty, ascontiguousarray=np.ascontiguousarray,
+                              concatenate=np.concatenate, int32=np.int32, int64=np.int64, float64=np.float64,
+                              cuda=SimpleNamespace(runtime=SimpleNamespace(
+                                  getDevice=lambda: 0, getDeviceProperties=lambda i: {"multiProcessorCount": sms})))
+    fake_cp.argsort = lambda a: np.argsort(a, kind="stable")
     monkeypatch.setattr(_tiled_gpu, "import_cupy", lambda: fake_cp)
+    monkeypatch.setattr(_tiled_gpu, "argsort_stable", lambda xp, a: np.argsort(a, kind="stable"))
+    _tiled_gpu._multiprocessors.cache_clear()
     calls = []
 
-    def fake_function(name, dtype_, shared=None):
+    def fake_function(name, dtype_=None):
         def launch(grid, block, args, shared_mem=0):
-            calls.append((name, np.dtype(dtype_), shared, grid, block, args, shared_mem))
+            calls.append((name, None if dtype_ is None else np.dtype(dtype_), grid, block, args, shared_mem))
         return launch
 
     monkeypatch.setattr(_tiled_gpu, "_function", fake_function)
-    rng = np.random.default_rng([k, np.dtype(dtype).itemsize])
-    t, m = 70, 9
+    rng = np.random.default_rng([t, m, np.dtype(dtype).itemsize])
     G = rng.normal(size=(t, m)).astype(dtype)
     sq_t, sq_m = rng.random(t).astype(dtype), rng.random(m).astype(dtype)
+    k = 5
     c = rng.integers(0, k, m).astype(np.int64)  # converted to int32 by the launcher
     w, points, S = rng.random(m), np.arange(m), np.zeros((t, k))
     _tiled_gpu.tile_cluster_sums(G, sq_t, sq_m, 1, 0.5, 0.0, 3, c, w, points, 5, S)
     _tiled_gpu.tile_moved_sums(G, None, None, 2, 0.5, 1.0, 3, c, c, w, points, 5, S)
     _tiled_gpu.tile_epilogue(G, sq_t, sq_m, 4, 0.5, 0.0, 3, points, 5)
-    assert [call[0] for call in calls] == ["tile_cluster_sums", "tile_moved_sums", "tile_epilogue"]
+    _tiled_gpu._multiprocessors.cache_clear()
+    names = [call[0] for call in calls]
+    split = {n: _tiled_gpu.pieces(t, n) for n in (m, 2 * m)}
+    assert names == (["tile_order_check", "tile_cluster_sums"] + ["tile_combine"] * (split[m] > 1)
+                     + ["tile_epilogue", "tile_moved_sums"] + ["tile_combine"] * (split[2 * m] > 1)
+                     + ["tile_epilogue"])
     c_types = {"T*": np.dtype(dtype), "int*": np.dtype(np.int32), "double*": np.dtype(np.float64),
                "long long*": np.dtype(np.int64)}
     scalar_types = {"long long": np.int64, "int": np.int32, "double": np.float64}
-    for name, dt, shared, grid, block, args, shared_mem in calls:
-        assert dt == np.dtype(dtype)
+    row_blocks = -(-t // _tiled_gpu.ROWS_PER_WARP)
+    for name, dt, grid, block, args, shared_mem in calls:
+        assert dt == (np.dtype(dtype) if name.startswith(("tile_cluster", "tile_moved", "tile_epi")) else None)
         declared = _kernel_parameters(src, name)
         assert len(args) == len(declared), name
         for arg, c_type in zip(args, declared):
@@ -275,29 +347,38 @@ def test_cuda_launchers_pass_what_the_kernels_declare(monkeypatch, dtype, k):
                     (name, c_type, type(arg), getattr(arg, "dtype", None))
             else:
                 assert type(arg) is scalar_types[c_type], (name, c_type, type(arg))
-        assert block == (256,) and 1 <= grid[0] <= 2**31 - 1 and len(grid) == 1
-        if name == "tile_epilogue":
-            assert shared is None and shared_mem == 0
-        else:
-            assert shared == (k <= _tiled_gpu.SHARED_MAX_CLUSTERS)
-            assert shared_mem == (8 * k if shared else 0) and shared_mem <= 48 * 1024  # no opt-in needed
-    # a tile of many rows: the grid is capped (blocks stride over rows), not t
-    calls.clear()
-    big = np.zeros((600_000, 1), dtype=dtype)
-    _tiled_gpu.tile_epilogue(big, None, None, 0, 0.0, 0.0, 1, np.zeros(1, dtype=np.int64), 0)
-    assert calls[0][3] == (65535 * 8,)
+        assert block == (256,) and len(grid) == 1 and shared_mem == 0
+        if name in ("tile_cluster_sums", "tile_moved_sums"):
+            entries = m if name == "tile_cluster_sums" else 2 * m
+            p = int(args[-1] if name == "tile_moved_sums" else args[-2])
+            assert p == split[entries] and 1 <= p <= max(1, entries // _tiled_gpu.MIN_PIECE)
+            assert p == 1 or row_blocks * p <= _tiled_gpu.TARGET_WARPS  # pieces only to fill the device
+            partial = args[-2] if name == "tile_moved_sums" else args[-3]
+            assert partial.size == (2 * t * p if p > 1 else 1)
+            # every work item (a warp's rows and piece) has a warp, in at most the blocks the SMs hold at once
+            assert grid[0] == min(_tiled_gpu.BLOCKS_PER_SM * sms, -(-row_blocks * p // 8))
+        elif name == "tile_epilogue":
+            assert grid == (min(t, 8 * sms),)
+    moved_args = next(args for name, _, _, _, args, _ in calls if name == "tile_moved_sums")
+    clusters, coeffs, cols = moved_args[3], moved_args[4], moved_args[5]
+    assert (np.diff(clusters) >= 0).all()  # the signed entries, sorted by cluster
+    np.testing.assert_array_equal(np.sort(cols), np.repeat(np.arange(m), 2))
+    np.testing.assert_array_equal(np.sort(coeffs), np.sort(np.concatenate([w, -w])))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
-def test_tiled_cu_compiles_with_nvcc(tmp_path):
+def test_tiled_cu_compiles_with_nvcc_and_has_no_float_atomics(tmp_path):
     out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "--ptx", "-o", str(tmp_path / "tiled.ptx"),
                           str(ROOT / "kernels_cuda" / "tiled.cu")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     ptx = (tmp_path / "tiled.ptx").read_text()
-    # float and double of tile_epilogue, and x {shared, global} sums for the two accumulating kernels
-    assert ptx.count(".entry") == 10
+    # float and double of the three twins, and the two helpers
+    assert ptx.count(".entry") == 8
     for name in ("tile_cluster_sums", "tile_moved_sums", "tile_epilogue"):
-        assert len(re.findall(rf"\.entry \w*{name}", ptx)) == (2 if name == "tile_epilogue" else 4), name
+        assert len(re.findall(rf"\.entry \w*{name}", ptx)) == 2, name
+    # no float atomic decides a sum (tile_order_check's integer OR is order-free)
+    assert not re.findall(r"\b(?:atom|red)\.[\w.]*\.f(?:16|32|64)\b", ptx)
+    assert re.findall(r"\b(?:atom|red)\.[\w.]*\.or\.b32\b", ptx)
 
 
 # --------------------------------------------------------------------------------------- the operator
@@ -398,6 +479,30 @@ def test_fit_engine_tiled_equals_dense(device, monkeypatch, update):
     assert tiled.method_params["engine"] == "tiled" and dense.method_params["engine"] == "dense"
     X_new = rng.normal(scale=3.0, size=(50, 6))
     np.testing.assert_array_equal(kkmgpu.predict(tiled, X_new), kkmgpu.predict(dense, X_new))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tiled_fit_same_inputs_same_bits(device, monkeypatch, dtype):
+    """engine="tiled", full passes and incremental updates: two fits with the same inputs and seed give identical
+    labels and objectives (tests/test_properties.py::test_same_inputs_same_bits holds the dense engine to it).
+    Emulated, the second fit runs under the harness's reverse thread schedule and a third under a random one, so
+    an order-dependent accumulation in tiled.cu fails here without a GPU; on a GPU the fits are plain repeats."""
+    rng = np.random.default_rng(24)
+    X = np.concatenate([rng.normal(c, 0.6, size=(150, 3)) for c in (0.0, 2.0, 4.0, 6.0)])
+    kw = dict(kernel="rbf", gamma=0.5, init="k-means++", n_init=2, random_state=5, dtype=dtype, device=device,
+              engine="tiled", update="incremental")
+    runs = []
+    for schedule, seed in SCHEDULES[:3]:
+        monkeypatch.setenv("CUDACPU_SCHEDULE", schedule)
+        monkeypatch.setenv("CUDACPU_SEED", seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
+            runs.append(kkmgpu.fit(X, 4, **kw))
+    for run in runs[1:]:
+        np.testing.assert_array_equal(run.labels, runs[0].labels)
+        assert run.objective == runs[0].objective
+        np.testing.assert_array_equal(run.objective_history, runs[0].objective_history)
+    assert runs[0].method_params["engine"] == "tiled"
 
 
 def test_auto_engine_falls_back_to_tiled_when_K_does_not_fit(device, monkeypatch):

@@ -44,22 +44,26 @@ _LINEAR = EPILOGUE_CODES["linear"]
 
 @njit(parallel=True, cache=True)
 def _epilogue(G, row_sq, col_sq, kind, gamma, coef0, degree):
+    # arithmetic in G's precision, as kernel_kmeans.cu's kkm_kernel_value: the norms, gamma and coef0 come in
+    # G's type, and 2 g is g + g (exact either way)
     m, n = G.shape
+    zero = G.dtype.type(0)
+    one = G.dtype.type(1)
     for i in prange(m):
         a = row_sq[i]
         for j in range(n):
             g = G[i, j]
             if kind == _RBF or kind == _LAPLACIAN:
-                d = a + col_sq[j] - 2.0 * g  # squared Euclidean distance from the GEMM
-                if d < 0.0:
-                    d = 0.0
+                d = a + col_sq[j] - (g + g)  # squared Euclidean distance from the GEMM
+                if d < zero:
+                    d = zero
                 if kind == _RBF:
                     G[i, j] = math.exp(-gamma * d)
                 else:
                     G[i, j] = math.exp(-gamma * math.sqrt(d))
             elif kind == _POLY:
                 base = gamma * g + coef0
-                v = 1.0
+                v = one
                 for _ in range(degree):
                     v *= base
                 G[i, j] = v
@@ -70,11 +74,14 @@ def _epilogue(G, row_sq, col_sq, kind, gamma, coef0, degree):
 def kernel_epilogue(block, row_sq, col_sq, kind, gamma, coef0, degree):
     """In place: kernel values from inner products ``block`` (m, n) and squared row norms.
 
-    ``row_sq`` (m,) and ``col_sq`` (n,) are used by the distance kernels (rbf, laplacian) only.
+    ``row_sq`` (m,) and ``col_sq`` (n,) are used by the distance kernels (rbf, laplacian) only. The arithmetic
+    runs in the block's precision (float32 math for a float32 block), as on the GPU.
     """
     if kind == _LINEAR:
         return block
-    _epilogue(block, row_sq, col_sq, int(kind), float(gamma), float(coef0), int(degree))
+    ty = block.dtype.type
+    _epilogue(block, np.asarray(row_sq, dtype=block.dtype), np.asarray(col_sq, dtype=block.dtype), int(kind),
+              ty(gamma), ty(coef0), int(degree))
     return block
 
 

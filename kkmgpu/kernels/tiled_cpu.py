@@ -4,7 +4,8 @@
 A tile ``G`` (t, m) holds the inner products <x_i, y_j> of the rows i = row0 .. row0 + t - 1 with m column
 points, straight from a GEMM. Every operation turns an entry into a kernel value
 
-    v(i, j) = kappa(G[i, j]) rounded to G's precision (as the dense engine stores K),
+    v(i, j) = kappa(G[i, j]) computed in G's precision (float32 math for float32 tiles, as the dense
+              engine's epilogue computes the K it stores),
     v(i, j) = 1 for the distance kernels (rbf, laplacian) where col_points[j] == row0 + i,
 
 and consumes it at once, so no n x n matrix exists. ``kind`` is an ``EPILOGUE_CODES`` value (0: the tile
@@ -23,8 +24,10 @@ tile_moved_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, new_clusters, old
 tile_epilogue(G, row_sq, col_sq, kind, gamma, coef0, degree, col_points, row0)
     In place G <- v: kernel rows (k-means++ seeding).
 
-On the CPU ``G`` is overwritten with the kernel values by every operation; on the GPU only by
-``tile_epilogue`` (callers treat G as scratch).
+On the CPU ``G`` is overwritten with the kernel values by every operation; on the GPU by ``tile_epilogue``
+and ``tile_moved_sums`` (callers treat G as scratch). The GPU twins add in an order fixed by the shapes, with
+no float atomics (kernels_cuda/tiled.cu): the same inputs give the same bits on every run there, and the twins
+agree to rounding.
 """
 
 from __future__ import annotations
@@ -46,20 +49,23 @@ _LAPLACIAN = EPILOGUE_CODES["laplacian"]
 
 @njit(inline="always")
 def _row_epilogue(row, a, col_sq, kind, gamma, coef0, degree, col_points, point):
-    # one loop per kind, so that each body vectorises
+    # one loop per kind, so that each body vectorises; the arithmetic is in the tile's precision, as in tiled.cu
+    # (a, col_sq, gamma and coef0 come in the row's type; 2 g is g + g, exact either way)
     m = row.shape[0]
+    zero = row.dtype.type(0)
     if kind == _RBF:
         for j in range(m):
-            d = a + col_sq[j] - 2.0 * row[j]
-            row[j] = math.exp(-gamma * max(d, 0.0))
+            d = a + col_sq[j] - (row[j] + row[j])
+            row[j] = math.exp(-gamma * max(d, zero))
     elif kind == _LAPLACIAN:
         for j in range(m):
-            d = a + col_sq[j] - 2.0 * row[j]
-            row[j] = math.exp(-gamma * math.sqrt(max(d, 0.0)))
+            d = a + col_sq[j] - (row[j] + row[j])
+            row[j] = math.exp(-gamma * math.sqrt(max(d, zero)))
     elif kind == _POLY:
+        one = row.dtype.type(1)
         for j in range(m):
             base = gamma * row[j] + coef0
-            v = 1.0
+            v = one
             for _ in range(degree):
                 v *= base
             row[j] = v
@@ -76,10 +82,9 @@ def _row_epilogue(row, a, col_sq, kind, gamma, coef0, degree, col_points, point)
 def _tile_cluster_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, seg_starts, seg_clusters, coeffs,
                        col_points, row0, S):
     t = G.shape[0]
-    distance = kind == _RBF or kind == _LAPLACIAN
     for i in prange(t):
         row = G[i]
-        a = row_sq[i] if distance else 0.0
+        a = row_sq[i]
         _row_epilogue(row, a, col_sq, kind, gamma, coef0, degree, col_points, row0 + i)
         for g in range(seg_clusters.shape[0]):
             acc = 0.0
@@ -92,10 +97,9 @@ def _tile_cluster_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, seg_starts
 def _tile_moved_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, new_clusters, old_clusters, coeffs,
                      col_points, row0, S):
     t, m = G.shape
-    distance = kind == _RBF or kind == _LAPLACIAN
     for i in prange(t):
         row = G[i]
-        a = row_sq[i] if distance else 0.0
+        a = row_sq[i]
         _row_epilogue(row, a, col_sq, kind, gamma, coef0, degree, col_points, row0 + i)
         for j in range(m):
             wv = coeffs[j] * row[j]
@@ -106,9 +110,8 @@ def _tile_moved_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, new_clusters
 @njit(parallel=True, cache=True)
 def _tile_epilogue(G, row_sq, col_sq, kind, gamma, coef0, degree, col_points, row0):
     t = G.shape[0]
-    distance = kind == _RBF or kind == _LAPLACIAN
     for i in prange(t):
-        a = row_sq[i] if distance else 0.0
+        a = row_sq[i]
         _row_epilogue(G[i], a, col_sq, kind, gamma, coef0, degree, col_points, row0 + i)
 
 
@@ -123,6 +126,11 @@ def _tile_norms(row_sq, col_sq, G):
         else:
             out.append(np.ascontiguousarray(sq, dtype=G.dtype))
     return out
+
+
+def _params(G, gamma, coef0):
+    """gamma and coef0 in G's precision: the epilogue's arithmetic runs in it, as on the GPU."""
+    return G.dtype.type(gamma), G.dtype.type(coef0)
 
 
 def _check(G, S=None):
@@ -162,9 +170,8 @@ def tile_cluster_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, clusters, c
     bounds = np.flatnonzero(np.diff(clusters)) + 1
     seg_starts = np.concatenate(([0], bounds, [m])).astype(np.int64)
     seg_clusters = np.ascontiguousarray(clusters[seg_starts[:-1]], dtype=np.int64)
-    _tile_cluster_sums(G, *_tile_norms(row_sq, col_sq, G), int(kind), float(gamma),
-                       float(coef0), int(degree), seg_starts, seg_clusters,
-                       np.ascontiguousarray(coeffs, dtype=np.float64),
+    _tile_cluster_sums(G, *_tile_norms(row_sq, col_sq, G), int(kind), *_params(G, gamma, coef0), int(degree),
+                       seg_starts, seg_clusters, np.ascontiguousarray(coeffs, dtype=np.float64),
                        np.ascontiguousarray(col_points, dtype=np.int64), int(row0), S)
     return S
 
@@ -180,8 +187,8 @@ def tile_moved_sums(G, row_sq, col_sq, kind, gamma, coef0, degree, new_clusters,
     if t == 0 or m == 0:
         return S
     _check(G, S)
-    _tile_moved_sums(G, *_tile_norms(row_sq, col_sq, G), int(kind), float(gamma),
-                     float(coef0), int(degree), np.ascontiguousarray(new_clusters, dtype=np.int32),
+    _tile_moved_sums(G, *_tile_norms(row_sq, col_sq, G), int(kind), *_params(G, gamma, coef0), int(degree),
+                     np.ascontiguousarray(new_clusters, dtype=np.int32),
                      np.ascontiguousarray(old_clusters, dtype=np.int32),
                      np.ascontiguousarray(coeffs, dtype=np.float64),
                      np.ascontiguousarray(col_points, dtype=np.int64), int(row0), S)
@@ -194,6 +201,6 @@ def tile_epilogue(G, row_sq, col_sq, kind, gamma, coef0, degree, col_points, row
     if t == 0 or m == 0:
         return G
     _check(G)
-    _tile_epilogue(G, *_tile_norms(row_sq, col_sq, G), int(kind), float(gamma),
-                   float(coef0), int(degree), np.ascontiguousarray(col_points, dtype=np.int64), int(row0))
+    _tile_epilogue(G, *_tile_norms(row_sq, col_sq, G), int(kind), *_params(G, gamma, coef0), int(degree),
+                   np.ascontiguousarray(col_points, dtype=np.int64), int(row0))
     return G

@@ -211,8 +211,10 @@ def real_case(checks):
         dense.get_function("segment_reduce")((1,), (256,), (partial, S, i64(n), i32(k), i32(0), i32(k), i32(pieces)))
         checks.close(f"segment_sums<{T}> + segment_reduce", S, K.astype(np.float64) @ Y, rtol=1e-12, atol=1e-12)
 
-    # the tiled engine: t x m tile, row0 > 0 so the unit diagonal lands inside, shared and global sums
-    t, m, row0 = 3, 45, 2
+    # the tiled engine: t x m tile, row0 > 0 so the unit diagonal lands inside; the sums with the columns split into
+    # three pieces (finished by tile_combine), sorted and unsorted (tile_order_check: then whole rows per warp),
+    # in long runs (k = 5) and short ones (k = 300), and the moved points' signed entries; two blocks
+    t, m, row0, pieces = 6, 700, 2, 3
     Xc = rng.normal(size=(m, 3))
     Xr = Xc[row0:row0 + t]
     G, a, b = Xr @ Xc.T, (Xr * Xr).sum(1), (Xc * Xc).sum(1)
@@ -220,8 +222,7 @@ def real_case(checks):
     for dtype, T in ((np.float32, "float"), (np.float64, "double")):
         for kind in (1, 2, 4):
             v = _kappa(G.astype(dtype).astype(np.float64), a.astype(dtype).astype(np.float64),
-                       b.astype(dtype).astype(np.float64), kind, gamma, coef0, degree).astype(dtype)
-            v = v.astype(np.float64)
+                       b.astype(dtype).astype(np.float64), kind, gamma, coef0, degree)
             if kind in (1, 4):
                 v[np.arange(t), row0 + np.arange(t)] = 1.0
             rtol = 2e-6 if dtype == np.float32 else 1e-12
@@ -230,25 +231,42 @@ def real_case(checks):
             Gt = G.astype(dtype)
             tiled.get_function(f"tile_epilogue<{T}>")((t,), (256,), (Gt, *args[1:], points, i64(row0)))
             checks.close(f"tile_epilogue<{T}> kind {kind}", Gt, v, rtol=rtol, atol=rtol)
-            for k in (5, 7):
-                for shared in ("true", "false"):
-                    clusters = np.sort(rng.integers(0, k, m)).astype(np.int32)
-                    old = rng.integers(0, k, m).astype(np.int32)
-                    w = rng.random(m)
-                    smem = 8 * k if shared == "true" else 0
-                    S = np.zeros((t, k))
-                    tiled.get_function(f"tile_cluster_sums<{T}, {shared}>")(
-                        (t,), (256,), (*args, clusters, w, points, i64(row0), S, i32(k)), shared_mem=smem)
+            if kind in (1, 4):
+                checks.equal(f"tile_epilogue<{T}> kind {kind} diagonal", Gt[np.arange(t), row0 + np.arange(t)],
+                             np.ones(t, dtype))
+            vt = Gt.astype(np.float64)  # the values the kernels compute (the same device function)
+            for k in (5, 300):
+                w = rng.random(m)
+                for order in ("sorted", "unsorted"):
+                    clusters = rng.integers(0, k, m).astype(np.int32)
+                    if order == "sorted":
+                        clusters.sort()
+                    flag = np.zeros(1, np.int32)
+                    tiled.get_function("tile_order_check")((2,), (256,), (clusters, i64(m), flag))
+                    checks.equal(f"tile_order_check {order}", flag, [int(order == "unsorted")])
+                    S, partial = np.zeros((t, k)), np.full(2 * t * pieces, np.nan)
+                    tiled.get_function(f"tile_cluster_sums<{T}>")(
+                        (2,), (256,), (*args, clusters, w, points, i64(row0), S, i32(k), partial, i32(pieces), flag))
+                    tiled.get_function("tile_combine")(
+                        (1,), (256,), (clusters, partial, i64(t), i64(m), i32(pieces), flag, S, i32(k)))
                     Y = np.zeros((m, k))
                     Y[np.arange(m), clusters] = w
-                    checks.close(f"tile_cluster_sums<{T}, {shared}> kind {kind}", S, v @ Y, rtol=1e-12, atol=1e-12)
-                    S = np.zeros((t, k))
-                    tiled.get_function(f"tile_moved_sums<{T}, {shared}>")(
-                        (t,), (256,), (*args, clusters, old, w, points, i64(row0), S, i32(k)), shared_mem=smem)
-                    D = np.zeros((m, k))
-                    D[np.arange(m), clusters] += w
-                    D[np.arange(m), old] -= w
-                    checks.close(f"tile_moved_sums<{T}, {shared}> kind {kind}", S, v @ D, rtol=1e-12, atol=1e-12)
+                    checks.close(f"tile_cluster_sums<{T}> kind {kind} k {k} {order}", S, vt @ Y, rtol=1e-12,
+                                 atol=1e-12)
+                new, old = rng.integers(0, k, m).astype(np.int32), rng.integers(0, k, m).astype(np.int32)
+                keys = np.concatenate([new, old])
+                entries = np.argsort(keys, kind="stable")
+                S, partial = np.zeros((t, k)), np.full(2 * t * pieces, np.nan)
+                tiled.get_function(f"tile_moved_sums<{T}>")(
+                    (2,), (256,), (Gt, i64(t), i64(m), keys[entries], np.concatenate([w, -w])[entries],
+                                   entries % m, i64(2 * m), S, i32(k), partial, i32(pieces)))
+                tiled.get_function("tile_combine")(
+                    (1,), (256,), (keys[entries], partial, i64(t), i64(2 * m), i32(pieces), np.zeros(1, np.int32),
+                                   S, i32(k)))
+                D = np.zeros((m, k))
+                D[np.arange(m), new] += w
+                D[np.arange(m), old] -= w
+                checks.close(f"tile_moved_sums<{T}> kind {kind} k {k}", S, vt @ D, rtol=1e-12, atol=1e-12)
 
     # knn_offer_block: a block holding its own rows (each point skipped), 5 warps of 8 per thread block, half the
     # rows' lists already holding candidates, one column (only lane 0 of a warp takes any); each row keeps the k

@@ -583,6 +583,20 @@ inline double __ddiv_rn(double a, double b) { return a / b; }
 inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
 inline double __dsqrt_rn(double x) { return sqrt(x); }
 inline double __drcp_rn(double x) { return 1.0 / x; }
+// float16 bits -> float: a source that widens them with the hardware conversion (inline PTX cvt.f32.f16, which g++
+// cannot take) uses CUDACPU_HALF_TO_FLOAT where it is defined; the compiler's _Float16 converts exactly, as the
+// instruction does
+#ifndef __FLT16_MAX__
+#error "cudacpu needs a C++ compiler with _Float16 (GCC 12 or Clang 15 on x86-64 or AArch64)"
+#endif
+namespace cudacpu {
+inline float half_to_float(unsigned short h) {
+    _Float16 x;
+    memcpy(&x, &h, sizeof x);
+    return (float)x;
+}
+}  // namespace cudacpu
+#define CUDACPU_HALF_TO_FLOAT(h) ::cudacpu::half_to_float(h)
 template <class A, class B> inline typename std::common_type<A, B>::type min(A a, B b) { return b < a ? b : a; }
 template <class A, class B> inline typename std::common_type<A, B>::type max(A a, B b) { return a < b ? b : a; }
 inline long long clock64() {
