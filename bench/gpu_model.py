@@ -56,8 +56,8 @@ RESULTS_DIR = BENCH_DIR / "results"
 #: the device modelled: an H100 80GB HBM3 (SXM, 132 SMs), the card of bench/results/2026-11-24-nvidia-h100-*
 DEVICE = "NVIDIA H100 80GB HBM3"
 #: matrix-product rates (flop/s) per compute mode. fp32: cuBLAS SGEMM as measured on 2026-11-24 (49-53 TFLOP/s at
-#: the engine's shapes). tf32: half the bf16 tensor-core rate measured on this workplace's H100 (798 TFLOP/s,
-#: /work/.library/device/KINDS.md); the datasheet's dense TF32 is 495. fp64: FP64 tensor cores, taken at the
+#: the engine's shapes). tf32: half the bf16 tensor-core rate measured on the lent H100 machines (798 TFLOP/s, an
+#: 8192^3 product on random data); the datasheet's dense TF32 is 495. fp64: FP64 tensor cores, taken at the
 #: measured FP32 rate (datasheet 67). fp16: the measured bf16 rate. int: CUDA-core rate.
 GEMM_FLOPS = {"fp32": 51e12, "tf32": 399e12, "fp64": 51e12, "fp16": 798e12, "int": 51e12}
 #: device memory traffic (bytes read + written per second): the copy bandwidth measured on 2026-11-24 (2.99e12)
