@@ -6,6 +6,9 @@
 // of the search keeps its k best candidates in best[i, 0..k-1] (keys, double, ascending) and arg[i, 0..k-1]
 // (their indices); a candidate col0 + j has the key
 //     col_sq[j] - 2 G[r, j]        (||a_i||^2 is the same for every candidate of row i, so it is left out)
+// in double from G in the GEMM's precision mode: the lists are candidates, which kkmgpu/kernels/knn_exact.py
+// re-ranks by direct float64 distances and certifies with an error bound of these keys (col_sq holds the norms
+// shifted by the candidate's share of that bound).
 // and candidates are ordered by (key, index): of equal keys the lower index comes first, so that the kernel and
 // its twin keep the same neighbours from the same keys. A point is never its own neighbour. Empty slots hold
 // (+inf, -1), which no candidate beats.

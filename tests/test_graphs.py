@@ -137,7 +137,7 @@ def test_nearest_neighbors_nearest_first_equal_the_float64_reference(device, n_n
     expected = np.argsort(D, axis=1, kind="stable")[:, :n_neighbors]
     np.testing.assert_array_equal(backend.to_host(index), expected)
     np.testing.assert_allclose(backend.to_host(sq), np.take_along_axis(D, expected, axis=1), rtol=1e-12)
-    assert len(searched) == (backend.is_gpu and n_neighbors + knn_exact.spares(n_neighbors) <= knn_cuda.MAX_NEIGHBORS)
+    assert len(searched) == (backend.is_gpu and n_neighbors + knn_exact.MIN_SPARES <= knn_cuda.MAX_NEIGHBORS)
 
 
 @pytest.mark.gpu

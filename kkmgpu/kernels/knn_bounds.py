@@ -282,5 +282,6 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
     report.update(route="bounded", choice=(axes, n_candidates), seconds=seconds,
                   certified=1.0 - rest.size / n, walked_all_rows=int(rest.size))
     if p:
-        best *= 4.0 ** p
+        best *= 2.0 ** p
+        best *= 2.0 ** p
     return (arg, best) if distances else arg

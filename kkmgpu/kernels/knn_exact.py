@@ -35,7 +35,8 @@ from kkmgpu.kernels.blocks import tile_rows
 
 __all__ = ["MIN_SPARES", "spares", "error_bound", "scale_exponent", "prepare", "exact_distances", "search"]
 
-#: spare candidates per row beyond n_neighbors: at least this many, else n_neighbors (m = 2 n_neighbors)
+#: spare candidates per row beyond n_neighbors: at least this many, else n_neighbors (m = 2 n_neighbors; on a GPU
+#: at most up to knn_cuda.MAX_NEIGHBORS where n_neighbors + MIN_SPARES fit there)
 MIN_SPARES = 8
 #: a centred feature norm in [2^-LIMIT, 2^LIMIT] is used as it is; beyond, the features are scaled by 2^-p
 _EXPONENT_LIMIT = {np.dtype(np.float32): 30, np.dtype(np.float64): 400}
@@ -65,13 +66,14 @@ def error_bound(mode: str, d: int, dtype) -> tuple[float, float]:
     - the cast of the centred float64 features to ``dtype``: |D(a) - D(y)| <= 2 (2u + u^2) (||y_i||^2 + ||y_j||^2);
     - float64 rounding of the centring and of the re-ranked distances (theirs and a float64 reference's):
       4 (d + 4) 2^-53;
-    - e_abs: underflow in the product and the cast, 16 (f d + 4) times the smallest subnormal.
+    - e_abs: underflow in the product and the cast, 16 (f d + 4) times the smallest normal number (tensor cores
+      and flush-to-zero arithmetic may drop subnormals).
 
     The sum is taken 1% larger (the norms of a against those of the exact features, and rounding of the bound).
     """
     dtype = np.dtype(dtype)
     u = float(np.finfo(dtype).eps) / 2
-    tiny = float(np.finfo(dtype).smallest_subnormal)
+    tiny = float(np.finfo(dtype).tiny)
     f = _gemm.inner_factor(mode)
     u_acc = 2 * u if mode in ("tf32", "3xtf32") else u
     n_terms = f * d
@@ -233,7 +235,13 @@ def search(A, n_neighbors: int, backend: Backend, precision: str = _gemm.DEFAULT
     a, sq, mean, p = prepare(A, backend)
     mode = _gemm.effective_mode(precision, backend, a.dtype, shape=(n, n, d))
     c, e_abs = error_bound(mode, d, a.dtype)
-    m = min(n - 1, k + spares(k))
+    m = k + spares(k)
+    if backend.is_gpu:   # the kernel's lists hold MAX_NEIGHBORS: fewer spares rather than the slower row tiles
+        from kkmgpu.kernels.knn_cuda import MAX_NEIGHBORS
+
+        if k + MIN_SPARES <= MAX_NEIGHBORS:
+            m = min(m, MAX_NEIGHBORS)
+    m = min(n - 1, m)
     find = _candidates_gpu if backend.is_gpu else _candidates_cpu
     keys, cand = find(a, m, (1.0 - c) * sq, mode, backend, block)
     dist = exact_distances(A, xp.arange(n), cand, p, backend)
@@ -249,7 +257,7 @@ def search(A, n_neighbors: int, backend: Backend, precision: str = _gemm.DEFAULT
         index[bad], dist[bad] = _recompute(A, bad, k, m, mean, p, backend, report)
     else:
         report.update(float64_rows=0, direct_rows=0)
-    dist = dist * 4.0 ** p
+    dist = dist * 2.0 ** p * 2.0 ** p   # (4.0 ** p overflows a Python float first)
     if not bool(xp.isfinite(dist).all()):
         raise ValueError(f"squared distances of the features (up to {float(xp.abs(A).max()):.3g} in magnitude) "
                          "overflow float64; scale the data down.")
