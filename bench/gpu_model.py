@@ -15,12 +15,14 @@ error is known.
 Taking counts to the measured n. Each case runs at three small sizes of the same shape (d, k, l, moved fraction,
 GEMM mode) and every count (per operation: launches, read and written bytes, flops per mode; per run: syncs,
 transfers) is fitted by a polynomial in n of the case's degree (2 where work is n^2 d or n^2: the build, the dense
-and tiled iterations; 1 for CATS, n k l d), then evaluated at the measured n (never below 0). Launches and syncs
-come out constant where the code's are. What the small sizes cannot show: more row tiles at large n (the tiled
-engine's 536-row tiles at 10^6 points; a few ms of launches against 43 s), library heuristics that change with
-size, and anything the ledger does not see (host work, below).
+and tiled iterations; 1 for CATS, n k l d), then evaluated at the measured n (never below 0); launches, syncs and
+copies are those of the largest small size (a note is printed where they differ between the sizes). What the small
+sizes cannot show: more row tiles at large n (the tiled engine's 536-row tiles at 10^6 points; a few ms of launches
+against 43 s), library heuristics that change with size (the sizes are chosen so that segment_sums fills the
+device as at 70,000 points and the moved columns reach the tensor-core modes), and anything the ledger does not
+see (host work, below).
 
-Time of a phase = sum over operations of max(roofline, launches x LAUNCH_S), the roofline being the larger of
+Time of a phase = sum over operations (summed by name) of max(roofline, launches x LAUNCH_S), the roofline the larger of
 flops / rate of the compute mode and (bytes read + written) / COPY_BPS; plus syncs x SYNC_S, host-to-device copies
 x H2D_COPY_S, and transfer bytes / PCIE_BPS. Host work between device calls (NumPy on labels, Python) is invisible
 to the ledger: where it dominates, the model predicts too little (CATS at 10^6 points sorted its labels on the host
@@ -80,8 +82,9 @@ LEGACY_MODE = "fp32"
 # ----------------------------------------------------------------------------------------------- the stand-in
 
 #: kkmgpu's modules before the layout of issue 15 (the 2026-11-24 code), for --at
-_OLD_LAYOUT = {"engine.lloyd": "_lloyd", "engine.dense": "_lloyd", "engine.tiled": "_tiled", "kernels.blocks": "_kernels",
-               "kernels.spec": "_kernels", "backend.device": "_backend", "kernels.gemm": None}
+_OLD_LAYOUT = {"engine.lloyd": "_lloyd", "engine.dense": "_lloyd", "engine.tiled": "_tiled",
+               "kernels.blocks": "_kernels", "kernels.spec": "_kernels", "backend.device": "_backend",
+               "kernels.gemm": None}
 
 
 def kk(module: str):
@@ -551,7 +554,8 @@ def main(argv=None):
                 continue
             total = sum(p["total"] for p in phases.values())
             parts = "; ".join(f"{phase} {_s(p['total']).strip()} = " + " / ".join(
-                _s(p[c]).strip() for c in ("work", "launch-bound", "syncs", "transfers")) for phase, p in phases.items())
+                _s(p[c]).strip() for c in ("work", "launch-bound", "syncs", "transfers"))
+                for phase, p in phases.items())
             print(f"{LABELS[m['case']]:31s} {m['n']:9,d} {m['mode']:>6s} {_s(m['seconds'])} {_s(total)} "
                   f"{m['seconds'] / total:9.2f}  {parts}")
             if m.get("timings"):
