@@ -61,11 +61,11 @@ def effective_mode(precision: str, backend: Backend, dtype, shape=None) -> str:
     """The mode a product of ``dtype`` operands really runs on ``backend``: "fp64" for float64, "fp32" on the
     CPU, else ``precision``; and "fp32" for a product of ``shape`` (rows, columns, inner dimension) with a side
     below :data:`MIN_TENSOR_CORE_SIDE` (memory-bound: tensor cores would not be faster)."""
+    precision = check_precision(precision)
     if np.dtype(dtype) != np.float32:
         return "fp64"
     if not backend.is_gpu:
         return "fp32"
-    precision = check_precision(precision)
     if shape is not None and min(shape) < MIN_TENSOR_CORE_SIDE:
         return "fp32"
     return precision
