@@ -150,6 +150,33 @@ __global__ void segment_reduce(const double* __restrict__ partial, double* __res
     }
 }
 
+// The incremental update after points moved (papers' Eq. 3-4) in one read of each moved row of K:
+//     S[i, dst[p]] += coeffs[p] * K[rows[p], i]   and   S[i, src[p]] -= coeffs[p] * K[rows[p], i]
+// for the m entries p (the moved points, with their old cluster src and new cluster dst), sorted by the pair
+// (src, dst). A thread owns column i (a warp reads 32 consecutive values of a row: coalesced) and row i of S
+// (its only writer): it walks the entries in order, sums each run of one pair and adds the run's sum into its
+// two clusters. No atomics and a fixed order: the same inputs give the same bits on every run.
+template <typename T>
+__global__ void moved_sums(const T* __restrict__ K, const long long* __restrict__ rows,
+                           const double* __restrict__ coeffs, const int* __restrict__ src,
+                           const int* __restrict__ dst, double* __restrict__ S, long long n, int k, long long m)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long long p = 0;
+    while (p < m) {
+        const int a = src[p], b = dst[p];
+        long long end = p + 1;
+        while (end < m && src[end] == a && dst[end] == b) ++end;
+        double acc = 0.0;
+#pragma unroll 4
+        for (long long q = p; q < end; ++q) acc += coeffs[q] * kkm_value(K, rows[q] * n + i);
+        S[i * k + b] += acc;
+        S[i * k + a] -= acc;
+        p = end;
+    }
+}
+
 // The Off-the-grid bandwidth step (off-the-grid-bandwidth-search.txt, Algorithm 2, lines 5-9) in one
 // pass over both matrices: Kp <- sqrt(Kp); K <- K / Kp (divide != 0) or K * Kp.
 template <typename T>
@@ -173,6 +200,9 @@ template __global__ void assign_labels<double>(const double*, const double*, con
 template __global__ void segment_sums<float>(const float*, const long long*, const double*, const long long*, double*, double*, long long, int, int, int);
 template __global__ void segment_sums<double>(const double*, const long long*, const double*, const long long*, double*, double*, long long, int, int, int);
 template __global__ void segment_sums<unsigned short>(const unsigned short*, const long long*, const double*, const long long*, double*, double*, long long, int, int, int);
+template __global__ void moved_sums<float>(const float*, const long long*, const double*, const int*, const int*, double*, long long, int, long long);
+template __global__ void moved_sums<double>(const double*, const long long*, const double*, const int*, const int*, double*, long long, int, long long);
+template __global__ void moved_sums<unsigned short>(const unsigned short*, const long long*, const double*, const int*, const int*, double*, long long, int, long long);
 template __global__ void offgrid_step<float>(float*, float*, long long, int);
 template __global__ void offgrid_step<double>(double*, double*, long long, int);
 #endif

@@ -166,7 +166,8 @@ class EmbeddingOperator:
 
     S = A (A^T Y) with Y the weighted one-hot labels: O(n r k) per pass and O(n r) memory; the
     operator interface of :mod:`kkmgpu.engine.lloyd` (``n``, ``weights``, ``backend``, ``diag``,
-    ``total_diag``, ``rows``, ``cluster_sums``, ``incremental_cost``).
+    ``total_diag``, ``rows``, ``device_rows``, ``cluster_sums``, ``incremental_cost``): nothing n long leaves the
+    device in an iteration.
 
     Everything is computed from a float64 copy of A (n r values, small beside K). With S in float32 and
     ||a_i||^2 in float64, the distance of a point to a cluster it ties with (duplicate points, k above the
@@ -189,9 +190,12 @@ class EmbeddingOperator:
         self.total_diag = float((weights * self.diag).sum())
 
     def rows(self, index):
-        """(A A^T)[index, :] as a float64 host array (for k-means++ seeding)."""
-        B = self.A[self.backend.asarray(np.asarray(index))]
-        return self.backend.to_host(B @ self.A.T).astype(np.float64)
+        """(A A^T)[index, :] as a float64 host array."""
+        return self.backend.to_host(self.device_rows(self.backend.asarray(np.asarray(index))))
+
+    def device_rows(self, index):
+        """(A A^T)[index, :], float64 on the device, for device indices ``index`` (k-means++ seeding)."""
+        return self.A[index] @ self.A.T
 
     def centroid_sums(self, labels, k):
         """M (k, r), float64: M[c] = sum_{j in c} w_j a_j (one product with the weighted one-hot Y)."""

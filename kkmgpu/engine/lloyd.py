@@ -283,11 +283,20 @@ def kmeans_plus_plus(operator, k, rng: np.random.Generator, n_local_trials=None)
     seed (zero potential) the next seed is drawn uniformly among the unchosen positive-weight points.
     """
     backend = operator.backend
+    rows = _rows_on_device(operator)
+    centres = kmeans_plus_plus_seeds(operator, k, rng, n_local_trials, rows)
+    diag = backend.asarray(operator.diag, dtype=np.float64)
+    return backend.to_host(_nearest_seed(operator, rows, centres, diag, k)).astype(np.int32)
+
+
+def kmeans_plus_plus_seeds(operator, k, rng: np.random.Generator, n_local_trials=None, rows=None):
+    """The k seeds of :func:`kmeans_plus_plus` (device int64, in the order chosen)."""
+    backend = operator.backend
     xp = backend.xp
     n = operator.n
     w = backend.asarray(operator.weights, dtype=np.float64)
     diag = backend.asarray(operator.diag, dtype=np.float64)
-    rows = _rows_on_device(operator)
+    rows = _rows_on_device(operator) if rows is None else rows
     if n_local_trials is None:
         n_local_trials = 2 + int(math.log(k))
     first_draw = rng.random()
@@ -318,7 +327,7 @@ def kmeans_plus_plus(operator, k, rng: np.random.Generator, n_local_trials=None)
         chosen[candidates[best]] = True
         closest = d[best]
         potential = potentials[best]
-    return backend.to_host(_nearest_seed(operator, rows, centres, diag, k)).astype(np.int32)
+    return centres
 
 
 def _rows_on_device(operator):

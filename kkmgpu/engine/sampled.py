@@ -16,6 +16,10 @@ distortions, relative to their squared mean, is <= ``theta`` (the paper's rule),
 or at ``max_iter``. With every cluster sampled in full (l >= the largest cluster of every iteration) and
 ``theta=0``, the iterations are exact kernel k-means's: from the same initial labels the labels of
 method="exact" with ``tol=0``, up to rounding at exact ties.
+
+An iteration does no n-long work on the host: labels stay on the device, the samples are drawn there
+(:func:`kkmgpu.engine.sampling.sample_members`, one seed per iteration from the run's generator), and one
+transfer per iteration brings back the k-long sizes and counts, the moved count and the distortion.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ import numpy as np
 from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.backend.device import MEMORY_HEADROOM, Backend, InsufficientMemoryError, _format_bytes, work_bytes
 from kkmgpu.engine.lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
+from kkmgpu.engine.sampling import sample_members
 
-#: The n x (k l) block is kept between the two passes of an iteration when it takes at most this
-#: fraction of the device's free memory (and CACHE_MAX_BYTES); otherwise it is recomputed.
-CACHE_FRACTION = 0.25
-CACHE_MAX_BYTES = 4 * 2**30
+#: The n x (k L) block is kept between the two passes of an iteration when it takes at most this fraction of the
+#: device's free memory left beside the iteration's own arrays (within MEMORY_HEADROOM); otherwise it is recomputed.
+CACHE_FRACTION = 0.5
+#: The cap on the cached block when the free memory cannot be read.
+CACHE_UNKNOWN_MEMORY_BYTES = 4 * 2**30
 
 
 def default_samples_per_cluster(n: int, k: int) -> int:
@@ -88,12 +94,15 @@ class _SourceRows:
         self.n = source.n
 
     def rows(self, index):
-        idx = self.backend.asarray(np.asarray(index, dtype=np.int64))
+        return self.backend.to_host(self.device_rows(self.backend.asarray(np.asarray(index, dtype=np.int64))))
+
+    def device_rows(self, idx):
+        """Kernel rows K[idx, :] (float64, on the device) for device indices ``idx``."""
         if self.source.precomputed:
             block = self.source.A[idx]
         else:
             block = _kernels.kernel_block(self.source.A[idx], self.source.A, self.source.spec, self.backend)
-        return self.backend.to_host(block).astype(np.float64)
+        return block.astype(self.backend.xp.float64)
 
 
 def variance_stop(history, window, theta):
@@ -124,45 +133,45 @@ def _project(B, alpha, xp):
     return xp.einsum("tkl,kl->tk", B.reshape(t, k, l).astype(xp.float64), alpha)
 
 
-def sample_width(labels_h, weights_h, k, l):
+def sample_width(counts, l):
     """L = min(l, the most positive-weight members of a cluster), at least 1: the width of this iteration's
-    sample stack, sized by the clusters and not by l."""
-    counts = np.bincount(labels_h[weights_h > 0], minlength=k)
-    return max(1, min(int(l), int(counts.max(initial=0))))
+    sample stack, sized by the clusters and not by l (``counts``: host, the positive-weight members per cluster)."""
+    return max(1, min(int(l), int(np.max(counts, initial=0))))
 
 
-def _sample(labels_h, weights_h, k, l, rng):
-    """Indices (k, L) of min(l, n_c) uniformly sampled positive-weight members of every cluster, and their mask
-    (L from :func:`sample_width`; the rows of smaller clusters are padded by repeating a member)."""
-    width = sample_width(labels_h, weights_h, k, l)
-    index = np.zeros((k, width), dtype=np.int64)
-    mask = np.zeros((k, width), dtype=bool)
-    order = np.argsort(labels_h, kind="stable")
-    bounds = np.searchsorted(labels_h[order], np.arange(k + 1))
-    for c in range(k):
-        members = order[bounds[c]:bounds[c + 1]]
-        members = members[weights_h[members] > 0]
-        if members.size > width:
-            members = np.sort(rng.choice(members, width, replace=False))
-        index[c, :members.size] = members
-        index[c, members.size:] = members[0] if members.size else 0
-        mask[c, :members.size] = True
-    return index, mask
+def _sample(labels, positive, counts, l, seed, backend):
+    """Indices (k, L) on the device of min(l, n_c) uniformly sampled positive-weight members of every cluster, and
+    their host mask (L from :func:`sample_width`; the rows of smaller clusters are padded by repeating a member):
+    :func:`kkmgpu.engine.sampling.sample_members`."""
+    return sample_members(labels, positive, counts, sample_width(counts, l), seed, backend)
 
 
-def full_clusters(labels_h, weights_h, index, mask, sizes_h):
-    """Which clusters are sampled in full (every positive-weight member), and alpha (k, L) = w_s / n_c on them.
+def full_clusters(weights, index, mask, counts, sizes_h, backend):
+    """Which clusters are sampled in full (every positive-weight member; host bool), and alpha (k, L) = w_s / n_c
+    on them (on the device).
 
     For such a cluster S_c = C, and alpha = w / n_c is a minimiser of Eq. 1 (the exact centroid); the paper's
     M^+ L w / n is the same point of feature space in exact arithmetic, but its eigenvalue cutoff (rcond)
     would perturb it: the exact centroid keeps CATS equal to exact kernel k-means where it samples everything.
     """
-    k = mask.shape[0]
-    counts = np.bincount(labels_h[weights_h > 0], minlength=k)
     full = mask.sum(axis=1) == counts
     per_size = 1.0 / np.where(sizes_h > 0, sizes_h, 1.0)
-    alpha = np.where(mask & full[:, None], weights_h[index] * per_size[:, None], 0.0)
-    return full, alpha
+    return full, weights[index] * backend.asarray(np.where(mask & full[:, None], per_size[:, None], 0.0))
+
+
+def _counts(labels, weights, positive, k, backend, dist=None, previous=None):
+    """The iteration's one transfer: weighted sizes and positive-weight members of every cluster of ``labels``
+    (host float64 and int64, (k,)), and with ``dist`` and ``previous`` labels the points moved and the distortion
+    sum_i w_i dist_i."""
+    xp, ops = backend.xp, backend.ops
+    parts = [ops.cluster_totals(labels, weights, weights, k, sync=False)[0],
+             ops.cluster_totals(labels, positive, positive, k, sync=False)[0]]
+    if dist is not None:
+        parts += [xp.asarray(xp.count_nonzero(labels != previous)).astype(xp.float64).reshape(1),
+                  xp.asarray((weights * dist).sum()).reshape(1)]
+    flat = np.asarray(backend.to_host(xp.concatenate(parts)), dtype=np.float64)
+    sizes, counts = flat[:k], flat[k:2 * k].astype(np.int64)
+    return (sizes, counts) if dist is None else (sizes, counts, int(flat[2 * k]), float(flat[2 * k + 1]))
 
 
 #: M_c for all clusters come from one (k l) x (k l) kernel block when it takes at most this many bytes
@@ -186,10 +195,13 @@ def _sample_squares(source, samples, backend, k, l):
 GPU_BATCHED_EIGH_MAX = 32
 
 #: How M_c^+ (L_c w_c / n_c) is solved on a GPU when M_c is larger than GPU_BATCHED_EIGH_MAX: "eigh" (the
-#: pseudoinverse, one syevd per cluster) or "regularized" (one batched solve for all clusters, see
-#: :func:`_regularized_solve`). The CPU and small M_c always take the batched eigendecomposition.
-#: bench/bench_cats.py compares the two on a GPU.
-GPU_LARGE_M_SOLVER = "eigh"
+#: pseudoinverse, one syevd per cluster), "regularized" (one batched solve for all clusters, see
+#: :func:`_regularized_solve`) or "auto": the regularized solve from L = GPU_REGULARIZED_MIN on, where it was
+#: measured faster (bench/bench_cats.py::test_coefficient_solve on an H100, 2026-11-24, k = 10: 13.5 ms against
+#: 17.5 ms at L = 128, 40.8 against 116.9 at L = 1024; at L = 48 it took 14.0 ms against 7.3), the per-cluster
+#: eigendecomposition below. The CPU and small M_c always take the batched eigendecomposition.
+GPU_LARGE_M_SOLVER = "auto"
+GPU_REGULARIZED_MIN = 128
 
 #: Power-iteration steps that estimate the largest |eigenvalue| of every M_c for the regularized solve.
 POWER_STEPS = 30
@@ -249,9 +261,20 @@ def _regularized_solve(M, rhs, rcond, backend):
     return xp.linalg.solve(A, b[:, :, None])[:, :, 0]
 
 
+def solve_route(l, backend):
+    """How the coefficients of an iteration with L = ``l`` samples per cluster are solved on ``backend``:
+    "batched eigh", "eigh per cluster" or "regularized" (see GPU_LARGE_M_SOLVER)."""
+    if not backend.is_gpu or l <= GPU_BATCHED_EIGH_MAX:
+        return "batched eigh"
+    route = GPU_LARGE_M_SOLVER
+    if route == "auto":
+        route = "regularized" if l >= GPU_REGULARIZED_MIN else "eigh"
+    return "regularized" if route == "regularized" else "eigh per cluster"
+
+
 def _solve_coefficients(M, rhs, rcond, backend):
-    """M_c^+ rhs_c, by the route this backend and size take (see GPU_LARGE_M_SOLVER)."""
-    if backend.is_gpu and M.shape[-1] > GPU_BATCHED_EIGH_MAX and GPU_LARGE_M_SOLVER == "regularized":
+    """M_c^+ rhs_c, by the route this backend and size take (:func:`solve_route`)."""
+    if solve_route(M.shape[-1], backend) == "regularized":
         return _regularized_solve(M, rhs, rcond, backend)
     return _pinv_solve(M, rhs, rcond, backend)
 
@@ -259,7 +282,7 @@ def _solve_coefficients(M, rhs, rcond, backend):
 def _centroid_coefficients(source, samples, backend, mask_d, Lw, sizes_h, rcond, diag_s, full=None,
                            alpha_full=None):
     """alpha_c = M_c^+ (L_c w_c) / n_c for the clusters sampled in part (all at once), ``alpha_full`` (from
-    :func:`full_clusters`) for those sampled in full; and the offsets alpha_c^T M_c alpha_c."""
+    :func:`full_clusters`) for those sampled in full; and the offsets alpha_c^T M_c alpha_c (both on the device)."""
     xp = backend.xp
     k, l = mask_d.shape
     M = _sample_squares(source, samples, backend, k, l)
@@ -276,18 +299,17 @@ def _centroid_coefficients(source, samples, backend, mask_d, Lw, sizes_h, rcond,
         rhs = Lw[partial] / sizes[:, None]
         Mp = M if partial.size == k else M[partial]
         alpha[partial] = _solve_coefficients(Mp, rhs, rcond, backend) * mask_d[partial]
-    offsets = xp.einsum("kl,klm,km->k", alpha, M, alpha)
-    return alpha, backend.to_host(offsets).astype(np.float64)
+    return alpha, xp.einsum("kl,klm,km->k", alpha, M, alpha)  # the offsets stay on the device
 
 
 def iteration_plan(n, k, width, itemsize, backend, l):
     """Rows per tile and whether the n x (k L) block is kept between the passes, for one iteration with L =
     ``width`` samples per cluster; raises :class:`InsufficientMemoryError` before anything is allocated when the
-    iteration's arrays do not fit the device."""
+    iteration's arrays do not fit the device. The block is kept when it takes at most CACHE_FRACTION of the free
+    memory the iteration's own arrays leave within MEMORY_HEADROOM (CACHE_UNKNOWN_MEMORY_BYTES when the free
+    memory cannot be read)."""
     block_bytes = n * k * width * itemsize
     available = backend.available_bytes()
-    cache = block_bytes <= min(CACHE_MAX_BYTES, CACHE_FRACTION * available) if available else \
-        block_bytes <= CACHE_MAX_BYTES
     # a tile of the n x (k L) block has a float64 copy in _project: both within WORK_FRACTION of the free memory
     step = min(_kernels.tile_rows(k * width, itemsize),
                _kernels.tile_rows(k * width, itemsize + 8, 2**62, backend=backend))
@@ -301,7 +323,9 @@ def iteration_plan(n, k, width, itemsize, backend, l):
             f"device {backend.name} has {_format_bytes(available)} ({available} bytes) available; an allocation "
             f"may use at most {MEMORY_HEADROOM:.0%} of the free memory. Use a smaller n_samples_per_cluster (the "
             f"default is ceil(sqrt(n / k)) = {default_samples_per_cluster(n, k)}) or another device.")
-    return step, cache
+    if available is None:
+        return step, block_bytes <= CACHE_UNKNOWN_MEMORY_BYTES
+    return step, block_bytes <= CACHE_FRACTION * (int(available * MEMORY_HEADROOM) - need)
 
 
 @dataclass
@@ -321,10 +345,11 @@ class DevicePasses:
     """CATS's two passes over all n rows on one device: the n x (k L) block against the samples in row tiles
     (kept between the passes when it fits), the coefficients on the same device.
 
-    The loop (:func:`iterate`) asks: ``begin(labels_h, k, width, l)``, ``centroids(index, mask, sizes_h, rcond,
-    full, alpha_full)`` -> (alpha, offsets) with pass 1 inside, ``assign(alpha, offsets, nonempty)`` -> (host
-    new labels, distances on ``backend``), and ``distortion(dist)``. :mod:`kkmgpu.dask` has the same over the
-    workers' row blocks."""
+    The loop (:func:`iterate`) asks: ``begin(labels, k, width, l)``, ``centroids(index, mask, sizes_h, rcond,
+    full, alpha_full)`` -> (alpha, offsets) with pass 1 inside, ``assign(alpha, offsets, nonempty)`` -> (new
+    labels, distances), and ``distortion(dist)``; labels, index, alpha_full, alpha, offsets and distances are
+    arrays on ``backend`` (no transfer), mask, sizes_h, full and nonempty host arrays of k rows.
+    :mod:`kkmgpu.dask` has the same over the workers' row blocks."""
 
     log_name = "kkmgpu"
 
@@ -333,8 +358,8 @@ class DevicePasses:
         self.weights = self.backend.asarray(weights_h)
         self.n = source.n
 
-    def begin(self, labels_h, k, width, l):
-        self.labels = self.backend.asarray(labels_h)
+    def begin(self, labels, k, width, l):
+        self.labels = self.backend.asarray(labels)
         self.k, self.width = k, width
         self.step, self.cache = iteration_plan(self.n, k, width, self.source.itemsize, self.backend, l)
 
@@ -371,8 +396,8 @@ class DevicePasses:
             T[i0:i1] = _project(B, alpha, xp)
         self.blocks = []
         new_labels, min_dist, _ = backend.ops.assign_labels(T, self.diag, nonempty.astype(np.float64), offsets,
-                                                             self.labels)
-        return backend.to_host(new_labels).astype(np.int32), min_dist
+                                                             self.labels, sync=False)
+        return new_labels, min_dist
 
     def distortion(self, dist):
         return float((self.weights * self.backend.asarray(dist)).sum())
@@ -384,8 +409,13 @@ def iterate(passes, weights_h, k, init_labels, *, l, max_iter, window, theta, rc
     sampling, the fully sampled clusters' exact centroids, the empty-cluster refill and the stopping rules are
     here, once; the passes over the rows are the ``passes``' own. See the module docstring."""
     backend = passes.backend
+    xp = backend.xp
     t0 = backend.timer()
-    labels_h = np.asarray(init_labels, dtype=np.int32).copy()
+    weights = backend.asarray(weights_h)
+    positive = weights > 0
+    weight_positive = positive.astype(xp.float64)
+    labels = backend.asarray(init_labels, dtype=np.int32)
+    sizes_h, counts = _counts(labels, weights, weight_positive, k, backend)
     history = []
     converged, stop_reason = False, "max_iter"
     name = getattr(passes, "log_name", "kkmgpu")
@@ -393,22 +423,27 @@ def iterate(passes, weights_h, k, init_labels, *, l, max_iter, window, theta, rc
     state = None
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
-        sizes_h = np.bincount(labels_h, weights=weights_h, minlength=k)
-        width = sample_width(labels_h, weights_h, k, l)
-        passes.begin(labels_h, k, width, l)
-        index, mask = _sample(labels_h, weights_h, k, l, rng)
-        full, alpha_full = full_clusters(labels_h, weights_h, index, mask, sizes_h)
+        width = sample_width(counts, l)
+        passes.begin(labels, k, width, l)
+        index, mask = _sample(labels, positive, counts, l, int(rng.integers(2**63, dtype=np.uint64)), backend)
+        full, alpha_full = full_clusters(weights, index, mask, counts, sizes_h, backend)
         alpha, offsets = passes.centroids(index, mask, sizes_h, rcond, full, alpha_full)
         nonempty = sizes_h > 0
-        new_h, dist = passes.assign(alpha, offsets, nonempty)
-        if np.bincount(new_h[weights_h > 0], minlength=k).min() == 0:
+        new, dist = passes.assign(alpha, offsets, nonempty)
+        new = backend.asarray(new)
+        new_sizes, new_counts, n_changed, distortion = _counts(new, weights, weight_positive, k, backend, dist,
+                                                               labels)
+        if new_counts.min() == 0:  # a cluster lost its last positive-weight member: refilled on the host (rare)
+            new_h = backend.to_host(new).astype(np.int32)
             dist = np.array(backend.to_host(dist), dtype=np.float64)
             refill_empty_clusters(new_h, dist, weights_h, k)
-        n_changed = int((new_h != labels_h).sum())
-        distortion = passes.distortion(dist)
+            new = backend.asarray(new_h)
+            new_sizes, new_counts = _counts(new, weights, weight_positive, k, backend)
+            n_changed = int(backend.to_host(xp.count_nonzero(new != labels)))
+            distortion = passes.distortion(dist)
         history.append(distortion)
-        state = CatsState(index=index, alpha=alpha, offsets=offsets, nonempty=nonempty)
-        labels_h = new_h
+        state = (index, alpha, offsets, nonempty)
+        labels, sizes_h, counts = new, new_sizes, new_counts
         if verbose:
             print(f"{prefix}iteration {n_iter}: approximate distortion {distortion:.10g}, {n_changed} points moved")
         if callback is not None:
@@ -423,9 +458,12 @@ def iterate(passes, weights_h, k, init_labels, *, l, max_iter, window, theta, rc
             break
     if verbose:
         print(f"{prefix}stopped after {n_iter} iterations: {stop_reason}")
-    return CatsRun(labels=backend.asarray(labels_h), objective=history[-1], history=history, n_iter=n_iter,
-                   converged=converged, stop_reason=stop_reason,
-                   sizes=np.bincount(labels_h, weights=weights_h, minlength=k), state=state,
+    if state is not None:
+        index, alpha, offsets, nonempty = state
+        state = CatsState(index=np.asarray(backend.to_host(index), dtype=np.int64), alpha=alpha,
+                          offsets=np.asarray(backend.to_host(offsets), dtype=np.float64), nonempty=nonempty)
+    return CatsRun(labels=labels, objective=history[-1], history=history, n_iter=n_iter,
+                   converged=converged, stop_reason=stop_reason, sizes=sizes_h, state=state,
                    seconds=backend.timer() - t0)
 
 

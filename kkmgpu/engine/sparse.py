@@ -160,10 +160,12 @@ class SparseKernelOperator:
             self._K64 = K
 
     def rows(self, index):
-        """K[index, :] as a dense float64 host array (for k-means++ seeding)."""
-        index = np.asarray(index, dtype=np.int64)
-        block = self.K[self.backend.asarray(index) if self.backend.is_gpu else index].toarray()
-        return self.backend.to_host(block).astype(np.float64)
+        """K[index, :] as a dense float64 host array."""
+        return self.backend.to_host(self.device_rows(self.backend.asarray(np.asarray(index, dtype=np.int64))))
+
+    def device_rows(self, index):
+        """K[index, :] as a dense float64 array on the device, for device indices (k-means++ seeding)."""
+        return self.K[index].toarray().astype(self.backend.xp.float64)
 
     def cluster_sums(self, labels, k):
         if self.backend.is_gpu:

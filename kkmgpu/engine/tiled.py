@@ -179,19 +179,23 @@ class TiledKernelOperator:
     # -- the operator interface ----------------------------------------------------------------------
 
     def rows(self, index):
-        """K[index, :] (every point) as a float64 host array, for k-means++ seeding."""
+        """K[index, :] (every point) as a float64 host array."""
+        return self.backend.to_host(self.device_rows(self.backend.asarray(np.asarray(index, dtype=np.int64))))
+
+    def device_rows(self, index):
+        """K[index, :] (every point), float64 on the device, for k-means++ seeding: only the few indices cross to
+        the host (the epilogue places each row's unit diagonal by its host index)."""
         xp = self._xp
-        index = np.asarray(index, dtype=np.int64)
         if self.spec.name == "callable":
-            block = _kernels.kernel_block(self.A[self.backend.asarray(index)], self.A, self.spec, self.backend)
-            return self.backend.to_host(block).astype(np.float64)
-        out = np.empty((index.size, self.n), dtype=np.float64)
+            return _kernels.kernel_block(self.A[index], self.A, self.spec, self.backend).astype(xp.float64)
+        points = np.asarray(self.backend.to_host(index), dtype=np.int64).reshape(-1)
+        out = xp.empty((points.size, self.n), dtype=xp.float64)
         everyone = xp.arange(self.n, dtype=xp.int64)
-        for r, point in enumerate(index.tolist()):
+        for r, point in enumerate(points.tolist()):
             G = _gemm.product(self.A[point:point + 1], self.A, self.backend, self.spec.precision)
             self.ops.tile_epilogue(G, None if self.sq is None else self.sq[point:point + 1], self.sq, self.kind,
                                    *self._params(), everyone, point)
-            out[r] = self.backend.to_host(G[0])
+            out[r] = G[0]
         return out
 
     def cluster_sums(self, labels, k):

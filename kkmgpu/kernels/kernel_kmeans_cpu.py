@@ -10,6 +10,9 @@ segment_sums(K, rows, clusters, coeffs, S)
     In place S[i, clusters[p]] += coeffs[p] K[rows[p], i] for a symmetric K, entries sorted by
     cluster: the full cluster sums S[i, c] = sum_{j in c} w_j K[i, j] (papers' Eq. 3-4) and their
     incremental update for the points that moved.
+moved_sums(K, rows, coeffs, src, dst, S)
+    In place S[i, dst[p]] += coeffs[p] K[rows[p], i], S[i, src[p]] -= the same: the incremental update after
+    points moved from cluster src to dst, reading each moved row of K once.
 block_cluster_sums(B, labels, weights, k)
     The same for a rectangular block B (m, n_train) between new and training points.
 assign_labels(S, diag, sizes, within, labels)
@@ -32,7 +35,7 @@ from numba.extending import overload
 
 from kkmgpu.kernels.epilogue_codes import EPILOGUE_CODES
 
-__all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "cluster_totals",
+__all__ = ["kernel_epilogue", "segment_sums", "moved_sums", "block_cluster_sums", "assign_labels", "cluster_totals",
            "offgrid_step"]
 
 _RBF = EPILOGUE_CODES["rbf"]
@@ -190,6 +193,83 @@ def segment_sums(K, rows, clusters, coeffs, S):
 
 
 @njit(parallel=True, cache=True)
+def _moved_sums(K, table, rows, run_starts, src, dst, coeffs, width, S):
+    # The CUDA kernel's order: each strip of columns walks the runs of one (src, dst) pair in order and adds a
+    # run's sum into both clusters; each row of K is read once. Partial sums in K's precision over blocks of 128
+    # rows, then float64, as _segment_sums does (so a point moved back cancels its own entry exactly).
+    n = K.shape[0]
+    block_rows = 128
+    nstrips = (n + width - 1) // width
+    for s in prange(nstrips):
+        c0 = s * width
+        c1 = min(n, c0 + width)
+        m = c1 - c0
+        acc = np.empty(m, dtype=np.float64)
+        part = np.empty(m, dtype=table.dtype)
+        for r in range(run_starts.shape[0] - 1):
+            acc[:] = 0.0
+            p = run_starts[r]
+            end = run_starts[r + 1]
+            while p < end:
+                stop = min(end, p + block_rows)
+                part[:] = 0.0
+                while p + 4 <= stop:
+                    w0 = coeffs[p]
+                    w1 = coeffs[p + 1]
+                    w2 = coeffs[p + 2]
+                    w3 = coeffs[p + 3]
+                    r0 = K[rows[p], c0:c1]
+                    r1 = K[rows[p + 1], c0:c1]
+                    r2 = K[rows[p + 2], c0:c1]
+                    r3 = K[rows[p + 3], c0:c1]
+                    for t in range(m):
+                        part[t] += ((w0 * _decode(r0[t], table) + w1 * _decode(r1[t], table))
+                                    + (w2 * _decode(r2[t], table) + w3 * _decode(r3[t], table)))
+                    p += 4
+                while p < stop:
+                    w0 = coeffs[p]
+                    r0 = K[rows[p], c0:c1]
+                    for t in range(m):
+                        part[t] += w0 * _decode(r0[t], table)
+                    p += 1
+                for t in range(m):
+                    acc[t] += part[t]
+            a = src[run_starts[r]]
+            b = dst[run_starts[r]]
+            for t in range(m):
+                S[c0 + t, b] += acc[t]
+                S[c0 + t, a] -= acc[t]
+
+
+def moved_sums(K, rows, coeffs, src, dst, S):
+    """In place: S[i, dst[p]] += coeffs[p] * K[rows[p], i] and S[i, src[p]] -= coeffs[p] * K[rows[p], i] for a
+    symmetric K (n, n): the incremental update S += K[:, moved] dY after the points ``rows`` moved from cluster
+    ``src`` to ``dst`` (coeffs: their weights), each moved row of K read once.
+
+    Parameters
+    ----------
+    K : float16, float32 or float64 array of shape (n, n), C-contiguous, symmetric
+    rows : int64 array of shape (m,)
+    coeffs : float64 array of shape (m,)
+    src, dst : int32 arrays of shape (m,), the entries sorted by the pair (src, dst)
+    S : float64 array of shape (n, k), C-contiguous; updated in place
+    """
+    m = rows.shape[0]
+    if m == 0 or K.shape[0] == 0:
+        return S
+    src = np.ascontiguousarray(src, dtype=np.int32)
+    dst = np.ascontiguousarray(dst, dtype=np.int32)
+    bounds = np.flatnonzero((np.diff(src) != 0) | (np.diff(dst) != 0)) + 1
+    run_starts = np.concatenate(([0], bounds, [m])).astype(np.int64)
+    threads = numba.get_num_threads()
+    width = int(min(1024, max(64, 16 * -(-K.shape[0] // (16 * threads)))))
+    values, table = _storage_view(K)
+    _moved_sums(values, table, np.ascontiguousarray(rows, dtype=np.int64), run_starts, src, dst,
+                np.asarray(coeffs, dtype=table.dtype), width, S)
+    return S
+
+
+@njit(parallel=True, cache=True)
 def _offgrid_step(K, Kp, divide):
     n = K.shape[0]
     for i in prange(n):
@@ -257,13 +337,15 @@ def _assign(S, diag, inv_size, offset, labels, new_labels, min_dist):
     return changed
 
 
-def cluster_totals(labels, weights, own, k):
-    """Weighted sizes n_c = sum_{i in c} w_i and totals C_c = sum_{i in c} w_i own_i, as host float64 (k,)."""
-    return (np.bincount(labels, weights=weights, minlength=k).astype(np.float64),
-            np.bincount(labels, weights=weights * own, minlength=k).astype(np.float64))
+def cluster_totals(labels, weights, own, k, sync=True):
+    """Weighted sizes n_c = sum_{i in c} w_i and totals C_c = sum_{i in c} w_i own_i, as host float64 (k,)
+    (``sync=False``: the two stacked, (2, k), as the GPU twin returns them without a transfer)."""
+    sizes = np.bincount(labels, weights=weights, minlength=k).astype(np.float64)
+    within = np.bincount(labels, weights=weights * own, minlength=k).astype(np.float64)
+    return (sizes, within) if sync else np.stack([sizes, within])
 
 
-def assign_labels(S, diag, sizes, within, labels, counts=None):
+def assign_labels(S, diag, sizes, within, labels, counts=None, sync=True):
     """Fused distance + argmin + moved count.
 
     Parameters
@@ -278,6 +360,9 @@ def assign_labels(S, diag, sizes, within, labels, counts=None):
         Current labels.
     counts : int64 host array of shape (k,), optional
         Filled with the number of points per new label.
+    sync : bool
+        False: the third result is the array [n_changed, count of cluster 0, ..., count of cluster k-1]
+        (int64), as the GPU twin returns it on the device without a transfer.
 
     Returns
     -------
@@ -292,6 +377,8 @@ def assign_labels(S, diag, sizes, within, labels, counts=None):
     new_labels = np.empty(S.shape[0], dtype=np.int32)
     min_dist = np.empty(S.shape[0], dtype=np.float64)
     changed = _assign(S, np.asarray(diag, dtype=np.float64), inv, offset, labels, new_labels, min_dist)
+    if not sync:
+        return new_labels, min_dist, np.r_[changed, np.bincount(new_labels, minlength=sizes.shape[0])].astype(np.int64)
     if counts is not None:
         counts[:] = np.bincount(new_labels, minlength=counts.shape[0])
     return new_labels, min_dist, int(changed)

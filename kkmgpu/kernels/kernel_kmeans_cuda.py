@@ -15,13 +15,13 @@ import numpy as np
 
 from kkmgpu.backend.cupy_loader import import_cupy
 
-__all__ = ["kernel_epilogue", "segment_sums", "block_cluster_sums", "assign_labels", "cluster_totals", "offgrid_step",
-           "cuda_source", "indicator_cluster_sums"]
+__all__ = ["kernel_epilogue", "segment_sums", "moved_sums", "block_cluster_sums", "assign_labels", "cluster_totals",
+           "offgrid_step", "cuda_source", "indicator_cluster_sums"]
 
 _SOURCE_NAME = "kernel_kmeans.cu"
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _THREADS = 256
-_KERNELS = ("kernel_epilogue", "assign_labels", "segment_sums", "offgrid_step")
+_KERNELS = ("kernel_epilogue", "assign_labels", "segment_sums", "moved_sums", "offgrid_step")
 #: segment_sums splits each cluster's entries into pieces (grid.y) until about this many threads run
 _TARGET_THREADS = 1 << 21
 #: CUDA's limit on grid.y
@@ -44,6 +44,7 @@ def name_expressions() -> list[str]:
     """The template instantiations of ``kernel_kmeans.cu`` that CuPy compiles (and ``.ci/nvrtc_check.py`` checks)."""
     names = [f"{kern}<{t}>" for kern in _KERNELS for t in _TYPES.values()]
     names.append("segment_sums<unsigned short>")  # float16 storage, read as its bit patterns
+    names.append("moved_sums<unsigned short>")
     names.append("segment_reduce")  # not a template
     return names
 
@@ -57,7 +58,7 @@ def _module(device_id: int):
 
 def _function(name: str, dtype) -> object:
     dtype = np.dtype(dtype)
-    if dtype == np.float16 and name == "segment_sums":
+    if dtype == np.float16 and name in ("segment_sums", "moved_sums"):
         type_name = "unsigned short"
     elif dtype in _TYPES:
         type_name = _TYPES[dtype]
@@ -139,6 +140,29 @@ def segment_sums(K, rows, clusters, coeffs, S):
     return S
 
 
+def moved_sums(K, rows, coeffs, src, dst, S):
+    """In place: S[i, dst[p]] += coeffs[p] K[rows[p], i] and S[i, src[p]] -= coeffs[p] K[rows[p], i]; see
+    :func:`kkmgpu.kernels.kernel_kmeans_cpu.moved_sums`.
+
+    One read of each entry's row of K (``moved_sums`` in kernels_cuda/kernel_kmeans.cu): a thread owns a column and
+    its row of S, sums each run of entries with one (src, dst) pair and adds the sum into both clusters; no
+    atomics. Entries must be sorted by the pair (src, dst).
+    """
+    cp = import_cupy()
+    n = K.shape[0]
+    m = rows.shape[0]
+    if m == 0 or n == 0:
+        return S
+    if not (K.flags.c_contiguous and S.flags.c_contiguous and S.dtype == cp.float64):
+        raise ValueError("moved_sums needs a C-contiguous K and a C-contiguous float64 S")
+    _function("moved_sums", K.dtype)(
+        ((n + _THREADS - 1) // _THREADS,), (_THREADS,),
+        (K, cp.ascontiguousarray(rows, dtype=cp.int64), cp.ascontiguousarray(coeffs, dtype=cp.float64),
+         cp.ascontiguousarray(src, dtype=cp.int32), cp.ascontiguousarray(dst, dtype=cp.int32), S, np.int64(n),
+         np.int32(S.shape[1]), np.int64(m)))
+    return S
+
+
 def offgrid_step(K, Kp, divide):
     """In place, one pass: Kp <- sqrt(Kp); K <- K / Kp if divide else K * Kp (Off-the-grid, Algorithm 2)."""
     if K.ndim != 2 or K.shape != Kp.shape or K.dtype != Kp.dtype:
@@ -163,8 +187,9 @@ def block_cluster_sums(B, labels, weights, k):
     return (B @ Y).astype(np.float64, copy=False)
 
 
-def cluster_totals(labels, weights, own, k):
-    """Weighted sizes and within-cluster totals, as host float64 (k,), one transfer.
+def cluster_totals(labels, weights, own, k, sync=True):
+    """Weighted sizes and within-cluster totals, as host float64 (k,), one transfer (``sync=False``: the device
+    array (2, k) of both, no transfer).
 
     Summed as [w; w * own] @ one-hot (a cuBLAS product, n x k like S) rather than with atomic scatter-adds,
     whose order changes from run to run: the totals set the distances' offsets, so they must be reproducible
@@ -175,14 +200,18 @@ def cluster_totals(labels, weights, own, k):
     one_hot = cp.zeros((n, k), dtype=cp.float64)
     one_hot[cp.arange(n), labels] = 1.0
     values = cp.stack([weights.astype(cp.float64, copy=False), weights * own])
+    if not sync:
+        return values @ one_hot
     out = (values @ one_hot).get()
     return out[0], out[1]
 
 
-def assign_labels(S, diag, sizes, within, labels, counts=None):
+def assign_labels(S, diag, sizes, within, labels, counts=None, sync=True):
     """Fused distance + argmin + moved count; see :func:`kkmgpu.kernels.kernel_kmeans_cpu.assign_labels`.
 
-    The moved count and the per-cluster counts come back in one transfer.
+    The moved count and the per-cluster counts come back in one transfer; with ``sync=False`` the third result is
+    the device array [moved, count of cluster 0, ..., count of cluster k-1] (uint64) instead, and nothing is
+    transferred.
     """
     cp = import_cupy()
     n, k = S.shape
@@ -203,6 +232,8 @@ def assign_labels(S, diag, sizes, within, labels, counts=None):
         _function("assign_labels", diag.dtype)(
             _grid(n), (_THREADS,),
             (S, diag, inv, offset, labels, new_labels, min_dist, stats, np.int64(n), np.int32(k)))
+    if not sync:
+        return new_labels, min_dist, stats
     stats = stats.get()
     if counts is not None:
         counts[:] = stats[1:]

@@ -33,6 +33,7 @@ from kkmgpu.backend.device import check_fits
 from kkmgpu.engine.embedding import EmbeddingOperator
 from kkmgpu.engine.lloyd import run_restarts
 from kkmgpu.engine.sampled import KernelSource
+from kkmgpu.engine.sampling import d2_sample_distinct
 from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.methods import registry
@@ -87,30 +88,24 @@ def choose_landmarks(strategy, m, weights_h, rng, source: KernelSource | None = 
     "uniform": drawn uniformly without replacement. "kmeans++": D^2 sampling in the kernel's feature space (the
     seeding of k-means++, with m seeds): the first with probability proportional to its weight, each next with
     probability proportional to w_i times its squared feature-space distance to the nearest landmark so far,
-    K_ii - 2 K_ib + K_bb, one kernel column per landmark (m passes over the data).
+    K_ii - 2 K_ib + K_bb, one kernel column per landmark (m passes over the data), on the source's device
+    (:func:`kkmgpu.engine.sampling.d2_sample_distinct`: the m uniforms drawn on the host first, one transfer of
+    the indices at the end).
     """
     w = np.asarray(weights_h, dtype=np.float64)
     eligible = np.flatnonzero(w > 0)
     if strategy == "uniform":
         return np.sort(rng.choice(eligible, size=m, replace=False)).astype(np.int64)
     backend = source.backend
-    d = backend.to_host(diag).astype(np.float64) if diag is not None else backend.to_host(source.diagonal())
-    chosen = np.zeros(w.shape[0], dtype=bool)
-    index = np.empty(m, dtype=np.int64)
-    closest = None
-    for j in range(m):
-        p = w if closest is None else w * np.maximum(closest, 0.0)
-        p = np.where(chosen, 0.0, p)
-        total = p.sum()
-        if not total > 0:  # every remaining point coincides with a landmark: any unchosen eligible point
-            p = np.where(chosen, 0.0, (w > 0).astype(np.float64))
-            total = p.sum()
-        c = int(rng.choice(w.shape[0], p=p / total))
-        index[j], chosen[c] = c, True
-        column = backend.to_host(source.block(0, source.n, source.take(backend.asarray(np.array([c]))))).ravel()
-        dist = d + d[c] - 2.0 * column.astype(np.float64)
-        closest = dist if closest is None else np.minimum(closest, dist)
-    return np.sort(index)
+    xp = backend.xp
+    diag = source.diagonal() if diag is None else diag
+
+    def column(b):
+        return source.block(0, source.n, source.take(b))[:, 0].astype(xp.float64)
+
+    index = d2_sample_distinct(backend.asarray(diag, dtype=np.float64), backend.asarray(w), m, rng.random(m), column,
+                               backend)
+    return np.sort(backend.to_host(index)).astype(np.int64)
 
 
 def nystrom_features(source: KernelSource, index, backend, verbose=False):
