@@ -18,6 +18,8 @@ from reference import approx_distances, kernel_kmeans_objective, kernel_matrix, 
 from synthetic import blobs, random_partition
 
 import kkmgpu
+from kkmgpu.backend.device import resolve_device
+from kkmgpu.kernels.spec import KernelSpec
 from kkmgpu.methods import approx as _approx
 from kkmgpu.metrics import nmi
 
@@ -205,6 +207,43 @@ def test_kmeans_plus_plus_landmarks_are_weighted_and_reproducible(device, rng):
     np.testing.assert_array_equal(B, landmarks_of(runs[1]))
     np.testing.assert_array_equal(runs[0].labels, runs[1].labels)
     assert np.all(w[B] > 0) and len(set(B.tolist())) == 40
+
+
+def reference_d2_landmarks(K, w, m, rng):
+    """D^2 sampling without replacement in float64 NumPy, one landmark at a time by ``rng.choice``: the first with
+    probability w_i / sum w, each next with probability w_i times its squared distance to the nearest landmark;
+    once that is 0 everywhere outside the landmarks, uniform over the positive-weight points left."""
+    diag = np.diag(K)
+    chosen, closest, index = np.zeros(len(w), dtype=bool), None, []
+    for _ in range(m):
+        p = np.where(chosen, 0.0, w if closest is None else w * np.maximum(closest, 0.0))
+        if p.sum() <= 0:
+            p = np.where(chosen, 0.0, (w > 0).astype(float))
+        c = int(rng.choice(len(w), p=p / p.sum()))
+        chosen[c] = True
+        index.append(c)
+        dist = diag + diag[c] - 2.0 * K[c]
+        closest = dist if closest is None else np.minimum(closest, dist)
+    return np.sort(index)
+
+
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_kmeans_plus_plus_landmarks_are_the_host_loops_draws(device, duplicates):
+    """The landmarks D^2 sampling draws on the device are those of a NumPy loop over rng.choice from the same
+    seed, with zero weights and, with duplicated points, past the point where every distance is 0."""
+    rng = np.random.default_rng(21)
+    X, _ = blobs(200, 3, 4, seed=22)
+    if duplicates:
+        X = X[rng.integers(0, 12, 200)]  # 12 distinct points, 30 landmarks
+    w = rng.uniform(0.5, 2.0, 200)
+    w[::5] = 0.0
+    K = kernel_matrix(X, kernel="rbf", gamma=0.1)
+    backend = resolve_device(device)
+    with backend.activate():
+        source = _approx.KernelSource(backend.asarray(K), KernelSpec("precomputed"), backend)
+        for seed in range(4):
+            got = _approx.choose_landmarks("kmeans++", 30, w, np.random.default_rng(seed), source)
+            np.testing.assert_array_equal(got, reference_d2_landmarks(K, w, 30, np.random.default_rng(seed)))
 
 
 def test_sigmoid_kernel_drops_negative_directions():

