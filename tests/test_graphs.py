@@ -149,7 +149,8 @@ def test_gpu_search_blocks_fit_the_work_budget(monkeypatch, rng):
 
     blocks_used = []
     search = knn_cuda.search
-    monkeypatch.setattr(knn_cuda, "search", lambda A, k, block, **kw: blocks_used.append(block) or search(A, k, block, **kw))
+    monkeypatch.setattr(knn_cuda, "search",
+                        lambda A, k, block, **kw: blocks_used.append(block) or search(A, k, block, **kw))
     monkeypatch.setattr(knn_exact, "work_bytes", lambda cap, backend, minimum=1: max(minimum, 2 * 40 * 40 * 8 + 9))
     X = rng.normal(size=(150, 3))
     backend = resolve_device("cuda")

@@ -33,8 +33,9 @@ def reference(X, k):
 
 def hostile(rng, n=240, d=32):
     """float32 points 300 from the origin in 32 dimensions (a product with a side below 32 runs fp32 in any mode;
-    GEMM-form keys of the raw points lose their digits), four outliers 1e4 away (they pull the mean: the centred bulk's norms dwarf its neighbour distances), 25 copies of one point
-    and 20 duplicated pairs (exact ties at and beyond the n_neighbors-th place)."""
+    GEMM-form keys of the raw points lose their digits), four outliers 1e4 away (they pull the mean: the centred
+    bulk's norms dwarf its neighbour distances), 25 copies of one point and 20 duplicated pairs (exact ties at
+    and beyond the n_neighbors-th place)."""
     X = rng.normal(size=(n, d)) + 300.0
     out = rng.normal(size=(4, d))
     X[:4] += 1e4 * out / np.linalg.norm(out, axis=1, keepdims=True)
@@ -182,7 +183,8 @@ def test_the_precision_reaches_the_gpu_search(rng, monkeypatch):
     require_cuda()
     modes = []
     search_gpu = knn_cuda.search
-    monkeypatch.setattr(knn_cuda, "search", lambda *a, mode, **kw: modes.append(mode) or search_gpu(*a, mode=mode, **kw))
+    monkeypatch.setattr(knn_cuda, "search",
+                        lambda *a, mode, **kw: modes.append(mode) or search_gpu(*a, mode=mode, **kw))
     backend = resolve_device("cuda")
     X = rng.normal(size=(120, 32)).astype(np.float32)
     graph = build_graph(backend.asarray(X), 5, "knn", backend, precision="tf32")

@@ -4,9 +4,9 @@ Same functions and semantics as :mod:`kkmgpu.kernels.knn_cpu` (see there for the
 the diagonal of the n x n GEMM-form distance matrix, one cuBLAS product in the GEMM precision mode
 (:mod:`kkmgpu.kernels.gemm`) serving its rows and, through its transpose, its columns, and the kernel
 ``knn_offer_block`` keeping each row's ``n_neighbors`` best candidates by (key, index). The keys are candidates:
-:mod:`kkmgpu.kernels.knn_exact` re-ranks and certifies them in float64. The products and the kernel never hold more than one block x block product and its transpose,
-and nothing is sorted (CuPy's ``argpartition`` sorts whole rows). CuPy comes from
-:mod:`kkmgpu.backend.cupy_loader`, the one module that imports it.
+:mod:`kkmgpu.kernels.knn_exact` re-ranks and certifies them in float64. The products and the kernel never hold
+more than one block x block product and its transpose, and nothing is sorted (CuPy's ``argpartition`` sorts whole
+rows). CuPy comes from :mod:`kkmgpu.backend.cupy_loader`, the one module that imports it.
 """
 
 from __future__ import annotations

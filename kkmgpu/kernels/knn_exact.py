@@ -174,8 +174,7 @@ def _certified(dist_k, sq, r, c: float, e_abs: float, index, xp):
 def _candidates_cpu(a, m, col_sq, mode, backend, block):
     from kkmgpu.kernels import knn_cpu
 
-    keys, cand = knn_cpu.search(a, m, col_sq=col_sq) if block is None else \
-        knn_cpu.search(a, m, col_sq=col_sq, block=block)
+    keys, cand = knn_cpu.search(a, m, block=block or knn_cpu.BLOCK, col_sq=col_sq)
     return keys.astype(np.float64), cand
 
 
