@@ -100,11 +100,12 @@ __device__ __forceinline__ void kkm_tile_sums(const T* __restrict__ G, const T* 
     const long long per_piece = ((n_entries + P - 1) / P + 31) / 32 * 32;
     __shared__ double values[KKM_THREADS / 32][KKM_ROWS][32];  // a chunk's values, for the runs inside it
     double (*chunk)[32] = values[threadIdx.x >> 5];
-    // warp w takes piece w / row_blocks of row block w % row_blocks: the warps of a block share a piece's entries
+    // warp w takes piece q of row block rb: columns in order (q = w / row_blocks), so that the warps of a block share
+    // a piece's entries; gathered ones (q = w % P), so that they share rows, whose values the gathers revisit
     for (long long w = (long long)blockIdx.x * warps + (threadIdx.x >> 5); w < row_blocks * P;
          w += (long long)gridDim.x * warps) {
-        const int q = (int)(w / row_blocks);
-        const long long i0 = (w % row_blocks) * KKM_ROWS;
+        const int q = (int)(GATHER ? w % P : w / row_blocks);
+        const long long i0 = (GATHER ? w / P : w % row_blocks) * KKM_ROWS;
         const int rows = (int)min((long long)KKM_ROWS, t - i0);
         const long long p0 = q * per_piece, p1 = min(n_entries, p0 + per_piece);
         if (p0 >= p1) continue;
@@ -246,14 +247,15 @@ __global__ void tile_combine(const int* __restrict__ clusters, const double* __r
         double sum = 0.0;
         for (int q = 0; q < pieces && q * per_piece < n_entries; ++q) {
             const long long p0 = q * per_piece, p1 = min(n_entries, p0 + per_piece);
-            const int ends[2] = {clusters[p0], clusters[p1 - 1]};
-            for (int s = 0; s < (ends[0] == ends[1] ? 1 : 2); ++s) {
+            const int head = clusters[p0], tail = clusters[p1 - 1];
+            for (int s = 0; s < (head == tail ? 1 : 2); ++s) {
+                const int cs = s == 0 ? head : tail;
                 const double v = partial[(i * pieces + q) * 2 + s];
-                if (ends[s] == c) {
+                if (cs == c) {
                     sum += v;
                 } else {
                     if (c >= 0) S[i * k + c] += sum;
-                    c = ends[s];
+                    c = cs;
                     sum = v;
                 }
             }

@@ -427,7 +427,8 @@ def _cu_kernels(src):
     """{kernel: (template parameter names, parameter texts)} from the source, parsed here independently of cudacpu."""
     src = re.sub(r"//[^\n]*|/\*.*?\*/", " ", src, flags=re.S)
     out = {}
-    for m in re.finditer(r"(template\s*<([^>]*)>\s*)?__global__\s+void\s+(\w+)\s*\(([^)]*)\)\s*\{", src):
+    for m in re.finditer(r"(template\s*<([^>]*)>\s*)?__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)"
+                         r"\s*\(([^)]*)\)\s*\{", src):
         tparams = [p.split()[-1] for p in m.group(2).split(",")] if m.group(2) else []
         out[m.group(3)] = (tparams, [" ".join(p.split()) for p in m.group(4).split(",")])
     return out

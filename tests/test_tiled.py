@@ -329,7 +329,7 @@ def test_cuda_launchers_pass_what_the_kernels_declare(monkeypatch, dtype, t, m):
     _tiled_gpu.tile_epilogue(G, sq_t, sq_m, 4, 0.5, 0.0, 3, points, 5)
     _tiled_gpu._multiprocessors.cache_clear()
     names = [call[0] for call in calls]
-    split = {n: _tiled_gpu.pieces(t, n) for n in (m, 2 * m)}
+    split = {m: _tiled_gpu.pieces(t, m), 2 * m: _tiled_gpu.pieces(t, 2 * m, gather=True)}
     assert names == (["tile_order_check", "tile_cluster_sums"] + ["tile_combine"] * (split[m] > 1)
                      + ["tile_epilogue", "tile_moved_sums"] + ["tile_combine"] * (split[2 * m] > 1)
                      + ["tile_epilogue"])
@@ -352,7 +352,8 @@ def test_cuda_launchers_pass_what_the_kernels_declare(monkeypatch, dtype, t, m):
             entries = m if name == "tile_cluster_sums" else 2 * m
             p = int(args[-1] if name == "tile_moved_sums" else args[-2])
             assert p == split[entries] and 1 <= p <= max(1, entries // _tiled_gpu.MIN_PIECE)
-            assert p == 1 or row_blocks * p <= _tiled_gpu.TARGET_WARPS  # pieces only to fill the device
+            # pieces only to fill the device (and, for gathered entries, the 8 warps of a block)
+            assert p == 1 or row_blocks * p <= _tiled_gpu.TARGET_WARPS or p <= 8
             partial = args[-2] if name == "tile_moved_sums" else args[-3]
             assert partial.size == (2 * t * p if p > 1 else 1)
             # every work item (a warp's rows and piece) has a warp, in at most the blocks the SMs hold at once

@@ -22,9 +22,10 @@ _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _THREADS = 256
 #: rows per warp in the summing kernels (tiled.cu's KKM_ROWS)
 ROWS_PER_WARP = 4
-#: work items (a warp's rows and piece of the entries) that fill a large GPU: the entries are split into pieces
-#: until about this many exist. A constant, not the device's size, so that the bits do not depend on the device.
-TARGET_WARPS = 4096
+#: work items (a warp's rows and piece of the entries): the entries are split into pieces until about this many
+#: exist, some ten times the warps a large GPU holds at once (132 SMs x 24), so that the last round of the grid's
+#: loop leaves little idle. A constant, not the device's size, so that the bits do not depend on the device.
+TARGET_WARPS = 32768
 #: fewest entries per piece (8 chunks of 32)
 MIN_PIECE = 256
 #: resident blocks per SM the grid is sized for (3 blocks of 256 threads fit the kernels' launch bounds)
@@ -61,10 +62,12 @@ def _function(name: str, dtype=None):
     return _module(cp.cuda.runtime.getDevice()).get_function(name)
 
 
-def pieces(t: int, n_entries: int) -> int:
-    """Pieces the entries of a tile of ``t`` rows are split into (one warp per row block and piece)."""
+def pieces(t: int, n_entries: int, gather: bool = False) -> int:
+    """Pieces the entries of a tile of ``t`` rows are split into (one warp per row block and piece). Gathered
+    entries (the moved points') take at least one piece per warp of a block: a block's warps then share rows."""
     row_blocks = -(-t // ROWS_PER_WARP)
-    return max(1, min(TARGET_WARPS // row_blocks, n_entries // MIN_PIECE))
+    want = max(TARGET_WARPS // row_blocks, _THREADS // 32 if gather else 1)
+    return max(1, min(want, n_entries // MIN_PIECE))
 
 
 def _grid(items: int) -> tuple[int]:
@@ -97,7 +100,7 @@ def _check(G, S=None):
 def _sums(cp, kernel, dtype, t, n_entries, args_before, clusters, S, unsorted):
     """Launch a summing kernel over ``n_entries`` entries of a t-row tile, then tile_combine when it split them."""
     k = S.shape[1]
-    p = pieces(t, n_entries)
+    p = pieces(t, n_entries, gather=kernel == "tile_moved_sums")
     partial = cp.empty(2 * t * p if p > 1 else 1, dtype=cp.float64)
     row_blocks = -(-t // ROWS_PER_WARP)
     _function(kernel, dtype)(_grid(row_blocks * p), (_THREADS,),
