@@ -210,6 +210,18 @@ def real_case(checks):
             (1, k * pieces), (256,), (Kk, rows, w[rows], starts, S, partial, i64(n), i32(k), i32(0), i32(pieces)))
         dense.get_function("segment_reduce")((1,), (256,), (partial, S, i64(n), i32(k), i32(0), i32(k), i32(pieces)))
         checks.close(f"segment_sums<{T}> + segment_reduce", S, K.astype(np.float64) @ Y, rtol=1e-12, atol=1e-12)
+        # moved_sums: 11 points moved, entries in (old, new) pair order; S(old labels) -> S(new labels)
+        moved = rng.choice(n, 11, replace=False)
+        new = labels.copy()
+        new[moved] = (labels[moved] + rng.integers(1, k, 11)) % k
+        order = np.lexsort((new[moved], labels[moved]))
+        m_rows = moved[order].astype(np.int64)
+        S = K.astype(np.float64) @ Y
+        dense.get_function(f"moved_sums<{T}>")(
+            (1,), (256,), (Kk, m_rows, w[m_rows], labels[m_rows], new[m_rows], S, i64(n), i32(k), i64(11)))
+        Y2 = np.zeros((n, k))
+        Y2[np.arange(n), new] = w
+        checks.close(f"moved_sums<{T}>", S, K.astype(np.float64) @ Y2, rtol=1e-12, atol=1e-12)
 
     # the tiled engine: t x m tile, row0 > 0 so the unit diagonal lands inside; the sums with the columns split into
     # three pieces (finished by tile_combine), sorted and unsorted (tile_order_check: then whole rows per warp),
