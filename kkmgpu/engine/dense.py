@@ -71,7 +71,7 @@ def moved_points(old_labels, new_labels, n_moved, xp):
     transfer: each moved point's rank among the moved ones (a cumulative sum) is its slot; the others write
     into one spare slot past the end, which is dropped."""
     changed = old_labels != new_labels
-    slot = xp.where(changed, xp.cumsum(changed) - 1, n_moved)
+    slot = xp.where(changed, xp.cumsum(changed, dtype=xp.int64) - 1, n_moved)
     out = xp.empty(n_moved + 1, dtype=xp.int64)
     out[slot] = xp.arange(old_labels.shape[0], dtype=xp.int64)
     return out[:n_moved]
