@@ -16,6 +16,7 @@ CUDA source                 CUDA launcher (CuPy)             CPU twin (numba)
 
 ``graphs`` builds affinity graphs (kNN, mutual kNN, self-tuning) in CSR; their nearest-neighbour search is
 ``knn_cpu`` / ``knn_cuda`` (``offer_block``, ``nearest_neighbors``: the blocks on and above the diagonal of the
-distance matrix, each row's best candidates kept without sorting).
+distance matrix, each row's best candidates kept without sorting); ``knn_exact`` re-ranks their candidates in
+float64 and certifies them, so the neighbours are exact in every GEMM precision mode.
 ``csr_cpu`` has the numba CSR cluster sums; on a GPU the same work is a cuSPARSE product (no custom kernel).
 """
