@@ -111,15 +111,45 @@ def _storage_view(K):
     return K, np.empty(0, dtype=K.dtype)
 
 
+@njit(inline="always")
+def _run_sum(K, table, rows, coeffs, p, end, c0, c1, acc, part):
+    # acc[t] = sum over the entries p .. end - 1 of coeffs[q] * K[rows[q], c0 + t]: partial sums in K's precision
+    # (float32 for float16 storage; full SIMD width) over blocks of 128 rows, four rows at a time, then added into
+    # float64, which keeps float64-level accuracy and reads each row's strip once.
+    m = c1 - c0
+    acc[:] = 0.0
+    while p < end:
+        stop = min(end, p + 128)
+        part[:] = 0.0
+        while p + 4 <= stop:
+            w0 = coeffs[p]
+            w1 = coeffs[p + 1]
+            w2 = coeffs[p + 2]
+            w3 = coeffs[p + 3]
+            r0 = K[rows[p], c0:c1]
+            r1 = K[rows[p + 1], c0:c1]
+            r2 = K[rows[p + 2], c0:c1]
+            r3 = K[rows[p + 3], c0:c1]
+            for t in range(m):
+                part[t] += ((w0 * _decode(r0[t], table) + w1 * _decode(r1[t], table))
+                            + (w2 * _decode(r2[t], table) + w3 * _decode(r3[t], table)))
+            p += 4
+        while p < stop:
+            w0 = coeffs[p]
+            r0 = K[rows[p], c0:c1]
+            for t in range(m):
+                part[t] += w0 * _decode(r0[t], table)
+            p += 1
+        for t in range(m):
+            acc[t] += part[t]
+
+
 @njit(parallel=True, cache=True)
 def _segment_sums(K, table, rows, seg_starts, seg_clusters, coeffs, width, S):
     # K is symmetric, so S[i, c] += coeff * K[row, i] reads a contiguous run of the row. Each thread
     # owns a strip of columns; for each segment (entries of one cluster) it streams the strip of
-    # the segment's rows four at a time, so K is read once per entry (papers' Eq. 3-4). Partial sums
-    # run in K's precision (float32 for float16 storage; full SIMD width) over blocks of 128 rows and are then added into float64,
-    # which keeps float64-level accuracy.
+    # the segment's rows four at a time (_run_sum), so K is read once per entry (papers' Eq. 3-4).
     n = K.shape[0]
-    block_rows = 128
     nstrips = (n + width - 1) // width
     nseg = seg_clusters.shape[0]
     for s in prange(nstrips):
@@ -130,33 +160,7 @@ def _segment_sums(K, table, rows, seg_starts, seg_clusters, coeffs, width, S):
         part = np.empty(m, dtype=table.dtype)
         for g in range(nseg):
             c = seg_clusters[g]
-            acc[:] = 0.0
-            p = seg_starts[g]
-            end = seg_starts[g + 1]
-            while p < end:
-                stop = min(end, p + block_rows)
-                part[:] = 0.0
-                while p + 4 <= stop:
-                    w0 = coeffs[p]
-                    w1 = coeffs[p + 1]
-                    w2 = coeffs[p + 2]
-                    w3 = coeffs[p + 3]
-                    r0 = K[rows[p], c0:c1]
-                    r1 = K[rows[p + 1], c0:c1]
-                    r2 = K[rows[p + 2], c0:c1]
-                    r3 = K[rows[p + 3], c0:c1]
-                    for t in range(m):
-                        part[t] += ((w0 * _decode(r0[t], table) + w1 * _decode(r1[t], table))
-                                    + (w2 * _decode(r2[t], table) + w3 * _decode(r3[t], table)))
-                    p += 4
-                while p < stop:
-                    w0 = coeffs[p]
-                    r0 = K[rows[p], c0:c1]
-                    for t in range(m):
-                        part[t] += w0 * _decode(r0[t], table)
-                    p += 1
-                for t in range(m):
-                    acc[t] += part[t]
+            _run_sum(K, table, rows, coeffs, seg_starts[g], seg_starts[g + 1], c0, c1, acc, part)
             for t in range(m):
                 S[c0 + t, c] += acc[t]
 
@@ -198,7 +202,6 @@ def _moved_sums(K, table, rows, run_starts, src, dst, coeffs, width, S):
     # run's sum into both clusters; each row of K is read once. Partial sums in K's precision over blocks of 128
     # rows, then float64, as _segment_sums does (so a point moved back cancels its own entry exactly).
     n = K.shape[0]
-    block_rows = 128
     nstrips = (n + width - 1) // width
     for s in prange(nstrips):
         c0 = s * width
@@ -207,33 +210,7 @@ def _moved_sums(K, table, rows, run_starts, src, dst, coeffs, width, S):
         acc = np.empty(m, dtype=np.float64)
         part = np.empty(m, dtype=table.dtype)
         for r in range(run_starts.shape[0] - 1):
-            acc[:] = 0.0
-            p = run_starts[r]
-            end = run_starts[r + 1]
-            while p < end:
-                stop = min(end, p + block_rows)
-                part[:] = 0.0
-                while p + 4 <= stop:
-                    w0 = coeffs[p]
-                    w1 = coeffs[p + 1]
-                    w2 = coeffs[p + 2]
-                    w3 = coeffs[p + 3]
-                    r0 = K[rows[p], c0:c1]
-                    r1 = K[rows[p + 1], c0:c1]
-                    r2 = K[rows[p + 2], c0:c1]
-                    r3 = K[rows[p + 3], c0:c1]
-                    for t in range(m):
-                        part[t] += ((w0 * _decode(r0[t], table) + w1 * _decode(r1[t], table))
-                                    + (w2 * _decode(r2[t], table) + w3 * _decode(r3[t], table)))
-                    p += 4
-                while p < stop:
-                    w0 = coeffs[p]
-                    r0 = K[rows[p], c0:c1]
-                    for t in range(m):
-                        part[t] += w0 * _decode(r0[t], table)
-                    p += 1
-                for t in range(m):
-                    acc[t] += part[t]
+            _run_sum(K, table, rows, coeffs, run_starts[r], run_starts[r + 1], c0, c1, acc, part)
             a = src[run_starts[r]]
             b = dst[run_starts[r]]
             for t in range(m):
