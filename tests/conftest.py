@@ -1,5 +1,6 @@
 """Shared fixtures: the backend/device parametrisation, the shared data folder, seeded data."""
 
+import contextlib
 import os
 import re
 import subprocess
@@ -192,6 +193,27 @@ SHAPE_TABLE = {
     "jain": (373, 2, 2),
     "r15": (600, 2, 15),
 }
+
+
+@contextlib.contextmanager
+def free_device_memory(nbytes):
+    """The GPU with ``nbytes`` free: the emulated device shrunk to what is in use plus ``nbytes`` (the CuPy
+    stand-in), or a real GPU's rest taken by a ballast array."""
+    from kkmgpu.backend.device import import_cupy
+
+    cp = import_cupy()
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    if hasattr(cp.cuda, "standin_device_memory"):
+        with cp.cuda.standin_device_memory(pool.used_bytes() + int(nbytes)):
+            yield
+        return
+    ballast = cp.empty(max(0, cp.cuda.runtime.memGetInfo()[0] - int(nbytes)), dtype=cp.uint8)
+    try:
+        yield
+    finally:
+        del ballast
+        pool.free_all_blocks()
 
 
 def have_shape_sets():

@@ -14,7 +14,7 @@ import pytest
 
 import kkmgpu
 import reference
-from conftest import cuda_skip_reason
+from conftest import cuda_skip_reason, free_device_memory
 from kkmgpu.backend import device as _backend
 from kkmgpu.backend.device import Backend
 from kkmgpu.kernels import gemm
@@ -249,23 +249,6 @@ def test_an_explicit_mode_warns_only_where_it_has_no_effect(device):
 # ------------------------------------------------------------------------------------------ the memory guard
 
 
-@contextlib.contextmanager
-def _free_device_memory(nbytes):
-    """The GPU with ``nbytes`` free: the stand-in's device shrunk to what is in use plus ``nbytes``, or a real GPU's
-    rest taken by a ballast array."""
-    cp = _backend.import_cupy()
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    if hasattr(cp.cuda, "standin_device_memory"):
-        with cp.cuda.standin_device_memory(pool.used_bytes() + int(nbytes)):
-            yield
-        return
-    ballast = cp.empty(max(0, cp.cuda.runtime.memGetInfo()[0] - int(nbytes)), dtype=cp.uint8)
-    try:
-        yield
-    finally:
-        del ballast
-        pool.free_all_blocks()
 
 
 @pytest.mark.gpu
@@ -278,7 +261,7 @@ def test_memory_guard_counts_the_split_operands():
         pytest.skip(reason)
     rng = np.random.default_rng(14)
     wide = rng.normal(size=(200, 1000))
-    with _free_device_memory(6 * 2**20):
+    with free_device_memory(6 * 2**20):
         kkmgpu.fit(wide, 2, device="cuda", engine="dense", gemm_precision="fp32", random_state=0)
         with pytest.raises(kkmgpu.InsufficientMemoryError,
                            match=r"kernel matrix and its 3xTF32 GEMM operands needs .*To need less: "
@@ -290,7 +273,7 @@ def test_memory_guard_counts_the_split_operands():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
         roomy = kkmgpu.fit(X, k, **kwargs)
-        with _free_device_memory(2 * 2**20):  # tiles of about 70 rows
+        with free_device_memory(2 * 2**20):  # tiles of about 70 rows
             small = kkmgpu.fit(X, k, **kwargs)
     assert small.method_params["gemm_mode"] == "3xtf32"
     np.testing.assert_array_equal(_host(small.labels), _host(roomy.labels))

@@ -1,12 +1,12 @@
 """Bad arguments fail at the boundary with an exception whose message names the value."""
 
-import contextlib
 import warnings
 
 import numpy as np
 import pytest
 
 import kkmgpu
+from conftest import free_device_memory
 from kkmgpu.backend import device as _backend
 
 
@@ -277,23 +277,6 @@ def test_insufficient_memory_names_bytes_needed(monkeypatch):
 # ------------------------------------------------------------------------ device memory on the GPU
 
 
-@contextlib.contextmanager
-def free_device_memory(nbytes):
-    """The GPU with ``nbytes`` free: the emulated device shrunk to what is in use plus ``nbytes`` (the CuPy
-    stand-in), or a real GPU's rest taken by a ballast array."""
-    cp = _backend.import_cupy()
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    if hasattr(cp.cuda, "standin_device_memory"):
-        with cp.cuda.standin_device_memory(pool.used_bytes() + int(nbytes)):
-            yield
-        return
-    ballast = cp.empty(max(0, cp.cuda.runtime.memGetInfo()[0] - int(nbytes)), dtype=cp.uint8)
-    try:
-        yield
-    finally:
-        del ballast
-        pool.free_all_blocks()
 
 
 def _search_summary(result):
