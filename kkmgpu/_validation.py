@@ -397,9 +397,10 @@ def check_gemm_precision(gemm_precision, tf32=None, stacklevel=3) -> str:
     return chosen
 
 
-def gemm_mode_ran(gemm_precision, spec, backend: Backend, dtype, n: int, d: int, stacklevel=3):
+def gemm_mode_ran(gemm_precision, spec, backend: Backend, dtype, n: int, d: int, stacklevel=3, subject=None):
     """The GEMM mode a fit's kernel products run in (None without products: precomputed or callable kernels); a
-    UserWarning when an explicit mode other than the default has no effect there."""
+    UserWarning when an explicit mode other than the default has no effect there (``subject``: what the warning
+    names as having no products, by default ``kernel=<spec's name>``)."""
     from kkmgpu.kernels.blocks import gemm_mode
 
     compute = np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
@@ -407,7 +408,7 @@ def gemm_mode_ran(gemm_precision, spec, backend: Backend, dtype, n: int, d: int,
     if gemm_precision == _gemm.DEFAULT_PRECISION or mode == gemm_precision:
         return mode
     if mode is None:
-        why = f"kernel={spec.name!r} has no kernel products of features"
+        why = f"{subject or f'kernel={spec.name!r}'} has no kernel products of features"
     elif not backend.is_gpu:
         why = ("the CPU computes IEEE float32 GEMMs; the modes apply to NVIDIA GPUs with tensor cores (Ampere or "
                "newer)")

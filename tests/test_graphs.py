@@ -66,9 +66,9 @@ def test_tiles_smaller_than_n_give_the_same_graph(monkeypatch, rng):
     backend = resolve_device("cpu")
     whole = affinity_graph(backend.asarray(X), 5, "self_tuning", backend).toarray()
     monkeypatch.setattr(blocks, "TILE_BYTES", 257 * 24 * 7)  # 7-row tiles
-    from kkmgpu.kernels import graphs
+    from kkmgpu.kernels import knn_exact
 
-    monkeypatch.setattr(graphs, "tile_rows", lambda n_cols, itemsize, backend=None: 7)
+    monkeypatch.setattr(knn_exact, "_chunk", lambda n_cols, itemsize, backend: 7)
     np.testing.assert_array_equal(affinity_graph(backend.asarray(X), 5, "self_tuning", backend).toarray(), whole)
 
 

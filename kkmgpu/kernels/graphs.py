@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kkmgpu.backend.device import Backend
-from kkmgpu.kernels.blocks import tile_rows
 from kkmgpu.kernels.gemm import DEFAULT_PRECISION, check_precision
 
 GRAPHS = ("knn", "mutual_knn", "self_tuning")
@@ -72,6 +71,7 @@ class Graph:
     radius_sq: object    # (n,) float64: squared distance of each point to its n_neighbors-th neighbour
     sigma: object        # (n,) float64 local scales (self_tuning), else None
     scale_neighbor: int
+    precision: str = DEFAULT_PRECISION   # the GEMM precision mode of the search (and of query_affinity's)
 
 
 def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR,
@@ -125,46 +125,40 @@ def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neigh
             graph = graph.maximum(extra.minimum(1.0)).tocsr()  # a pair found twice stays 1
             graph.sort_indices()
     return Graph(graph=graph, kind=kind, n_neighbors=n_neighbors, radius_sq=sq[:, n_neighbors - 1].copy(),
-                 sigma=sigma, scale_neighbor=scale_neighbor)
+                 sigma=sigma, scale_neighbor=scale_neighbor, precision=precision)
 
 
-def query_affinity(graph: Graph, A_train, Q, backend: Backend):
-    """(W, nearest): affinities of new points Q (prepared features) to the training points as ``graph`` would give
-    them, a CSR matrix (n_new, n_train) built in row tiles of Q, and each new point's nearest training point.
+def query_affinity(graph: Graph, A_train, Q, backend: Backend, rows: int | None = None):
+    """(W, nearest): affinities of new points Q (prepared as the training features A_train, same dtype) to the
+    training points as ``graph`` would give them, a CSR matrix (n_new, n_train), and each new point's nearest
+    training point (ties to the lower index).
 
-    j is a neighbour of the new point q when it is among q's n_neighbors nearest training points, and q one of
-    j's when it is nearer than j's n_neighbors-th neighbour (``radius_sq``); the pair's weight follows
-    ``graph.kind`` as in :func:`build_graph` (knn: 1/2 per direction; mutual_knn: both; self_tuning: either, with
-    q's own scale its ``scale_neighbor``-th nearest training point). Distances of the GEMM form in the
-    features' precision.
+    j is a neighbour of the new point q when it is among q's n_neighbors nearest training points (ties at the
+    n_neighbors-th distance included), and q one of j's when it is nearer than j's n_neighbors-th neighbour
+    (``radius_sq``); the pair's weight follows ``graph.kind`` as in :func:`build_graph` (knn: 1/2 per direction;
+    mutual_knn: both; self_tuning: either, with q's own scale its ``scale_neighbor``-th nearest training point).
+    The distances are exact, float64 distances of the features' values in every GEMM precision mode
+    (:func:`kkmgpu.kernels.knn_exact.query`, in the graph's mode, ``rows`` new points at a time), as the graph's own.
     """
     from kkmgpu.engine.sparse import sparse_module
+    from kkmgpu.kernels import knn_exact
 
     xp = backend.xp
     n, m = A_train.shape[0], Q.shape[0]
-    a_sq = (A_train.astype(xp.float64) ** 2).sum(axis=1)
-    q_sq = (Q.astype(xp.float64) ** 2).sum(axis=1)
     reach = max(graph.n_neighbors, graph.scale_neighbor) if graph.kind == "self_tuning" else graph.n_neighbors
-    reach = min(reach, n)
-    pieces, nearest = [], []
-    step = tile_rows(n, 3 * 8 + 2, backend=backend)
-    for i0 in range(0, m, step):
-        i1 = min(m, i0 + step)
-        D = xp.maximum(q_sq[i0:i1, None] + a_sq[None, :] - 2.0 * (Q[i0:i1] @ A_train.T).astype(xp.float64), 0.0)
-        part = xp.sort(xp.partition(D, reach - 1, axis=1)[:, :reach], axis=1) if reach < n else xp.sort(D, axis=1)
-        own = D <= part[:, graph.n_neighbors - 1:graph.n_neighbors]       # j among q's nearest
-        other = D < graph.radius_sq[None, :]                               # q among j's nearest
-        if graph.kind == "knn":
-            W = 0.5 * own + 0.5 * other
-        elif graph.kind == "mutual_knn":
-            W = (own & other).astype(xp.float64)
-        else:
-            sigma_q = xp.sqrt(part[:, graph.scale_neighbor - 1])
-            scale = sigma_q[:, None] * graph.sigma[None, :]
-            W = xp.where(own | other, xp.exp(-D / xp.where(scale > 0, scale, 1.0)), 0.0)
-            W = xp.where((own | other) & (scale == 0), (D == 0).astype(xp.float64), W)
-        pieces.append(sparse_module(backend).csr_matrix(W))
-        nearest.append(xp.argmin(D, axis=1))
-    W = sparse_module(backend).vstack(pieces).tocsr() if len(pieces) > 1 else pieces[0]
-    return W, xp.concatenate(nearest)
-
+    index, dist, (r, j, D) = knn_exact.query(A_train, Q, min(reach, n), backend, graph.precision,
+                                             radius_sq=graph.radius_sq, rows=rows)
+    own = D <= dist[:, graph.n_neighbors - 1][r]                    # j among q's nearest
+    other = D < graph.radius_sq[j]                                 # q among j's nearest
+    if graph.kind == "knn":
+        data = 0.5 * own + 0.5 * other
+    elif graph.kind == "mutual_knn":
+        data = (own & other).astype(xp.float64)
+    else:
+        scale = xp.sqrt(dist[:, graph.scale_neighbor - 1])[r] * graph.sigma[j]
+        data = xp.where(scale > 0, xp.exp(-D / xp.where(scale > 0, scale, 1.0)), (D == 0).astype(xp.float64))
+        data = xp.where(own | other, data, 0.0)
+    keep = data != 0
+    W = sparse_module(backend).coo_matrix((data[keep], (r[keep], j[keep])), shape=(m, n)).tocsr()
+    W.sort_indices()
+    return W, index[:, 0]

@@ -21,6 +21,10 @@ included). Such keys are only approximately ordered, so :func:`search`
 
 So the result is the float64 brute-force neighbours of A's values (ties to the lower index) for every row, in any
 precision mode; the float64 distances' own rounding is inside the bound.
+
+:func:`query` does the same for new points against A (``predict`` under the graph objectives): the new points are
+prepared as A is (the same float64 mean and power of two), and the same bound turns each tile's GEMM-form estimates
+of all their distances into intervals, which pick the pairs whose float64 distances are computed directly.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import njit, prange
 
-from kkmgpu.backend.device import Backend, argsort_stable, work_bytes
+from kkmgpu.backend.device import Backend, argsort_stable, check_fits, work_bytes
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels.blocks import tile_rows
 
-__all__ = ["MIN_SPARES", "spares", "error_bound", "scale_exponent", "prepare", "exact_distances", "search"]
+__all__ = ["MIN_SPARES", "spares", "error_bound", "scale_exponent", "prepare", "exact_distances", "search",
+           "cross_distances", "query"]
 
 #: spare candidates per row beyond n_neighbors: at least this many, else n_neighbors (m = 2 n_neighbors; on a GPU
 #: at most up to knn_cuda.MAX_NEIGHBORS where n_neighbors + MIN_SPARES fit there)
@@ -334,3 +340,136 @@ def _direct(A, rows, k: int, p: int, backend: Backend):
         out_index[t0:t0 + step] = order
         out_dist[t0:t0 + step] = xp.take_along_axis(dist, order, axis=1)
     return out_index, out_dist
+
+
+def cross_distances(Q, A, rows, cols, p: int, backend: Backend):
+    """float64 (len(rows),): ||(q_i - a_j) 2^-p||^2 for i = rows[t], j = cols[t], from the float64 differences of
+    the values of Q and A (one dtype), summed in feature order on the CPU as :func:`exact_distances` sums them."""
+    if not backend.is_gpu:
+        return _cross_cpu(Q, A, np.ascontiguousarray(rows, dtype=np.int64),
+                          np.ascontiguousarray(cols, dtype=np.int64), 2.0 ** -p)
+    xp = backend.xp
+    out = xp.empty(rows.shape[0], dtype=xp.float64)
+    step = _chunk(3 * A.shape[1], 8, backend)
+    scale = 2.0 ** -p
+    for t0 in range(0, rows.shape[0], step):
+        diff = Q[rows[t0:t0 + step]].astype(xp.float64) - A[cols[t0:t0 + step]].astype(xp.float64)
+        diff *= scale
+        out[t0:t0 + step] = (diff * diff).sum(axis=1)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _cross_cpu(Q, A, rows, cols, scale):
+    out = np.empty(rows.shape[0])
+    for t in prange(rows.shape[0]):
+        i = rows[t]
+        j = cols[t]
+        s = 0.0
+        for f in range(A.shape[1]):
+            diff = (np.float64(Q[i, f]) - np.float64(A[j, f])) * scale
+            s += diff * diff
+        out[t] = s
+    return out
+
+
+def query(A, Q, n_neighbors: int, backend: Backend, precision: str = _gemm.DEFAULT_PRECISION, *, radius_sq=None,
+          rows: int | None = None, report: dict | None = None):
+    """(index, dist, pairs): the rows of A (n, d) nearest to each new point, a row of Q (m, d) of A's dtype, by
+    float64 squared distances of the values (a row of A equal to the point is at distance 0), exact in every mode.
+
+    ``index``, ``dist`` (m, n_neighbors): each point's ``n_neighbors`` nearest rows of A, nearest first, ties to
+    the lower index, and their distances. ``pairs`` (row, col, dist): every pair (i, j) with dist <= dist[i, -1]
+    (the ties of the last place included) or, given ``radius_sq`` (n,), dist < radius_sq[j]; in row order, columns
+    ascending within a row.
+
+    A and Q are prepared as :func:`search` prepares A (:func:`prepare` of A: Q takes A's float64 mean and power of
+    two, then A's dtype). For each tile of ``rows`` points (default: within the work budget) the GEMM-form
+    estimates D^ of the distances to all of A, the product in ``precision``'s mode, give intervals
+    D^ +- (c (||q_i||^2 + ||a_j||^2) + e_abs) (:func:`error_bound`) that hold the float64 distances. A pair's
+    float64 distance is computed directly when its interval starts at or below the n_neighbors-th least interval
+    end of its row, or below radius_sq[j]: those pairs hold every pair the result needs, so every row is exact
+    (a loose bound only costs more direct distances). ``report`` takes the mode and the direct distances' count.
+    """
+    xp = backend.xp
+    n, d = A.shape
+    m = Q.shape[0]
+    k = int(n_neighbors)
+    if not 1 <= k <= n:
+        raise ValueError(f"n_neighbors={k} must be between 1 and the {n} points searched.")
+    if Q.ndim != 2 or Q.shape[1] != d or Q.dtype != A.dtype:
+        raise ValueError(f"the new points ({Q.shape}, {Q.dtype}) need {d} features of A's dtype {A.dtype}.")
+    if m and not bool(xp.isfinite(Q).all()):
+        raise ValueError("the new points contain NaN or infinity; every value must be finite for a "
+                         "nearest-neighbour search.")
+    a, sq, mean, p = prepare(A, backend)
+    q = Q if a is A else _prepared(Q, mean, p, backend)
+    q_sq = _norms(q, backend)   # (a point far beyond A's range may overflow here: its intervals are unbounded)
+    mode = _gemm.effective_mode(precision, backend, a.dtype, shape=(m, n, d))
+    c, e_abs = error_bound(mode, d, a.dtype)
+    if mode == "3xtf32":
+        check_fits(_gemm.operand_bytes(n, d, mode), backend, f"the training points' GEMM operand ({n} x {3 * d} "
+                   "float32, the 3xTF32 split)", option=_gemm.SPLIT_ADVICE)
+    right = _gemm.right_operand(a, mode, xp)
+    scale = 2.0 ** -p
+    radius = None if radius_sq is None else xp.asarray(radius_sq, dtype=xp.float64) * scale * scale
+    index = xp.empty((m, k), dtype=xp.int64)
+    dist = xp.empty((m, k), dtype=xp.float64)
+    pairs, direct = [], 0
+    step = max(1, int(rows)) if rows is not None else _chunk(n, 6 * 8, backend)
+    for i0 in range(0, m, step):
+        i1 = min(m, i0 + step)
+        est = _gemm.gemm(_gemm.left_operand(q[i0:i1], mode, xp), right, backend, mode).astype(xp.float64)
+        norms = q_sq[i0:i1, None] + sq[None, :]
+        est *= -2.0
+        est += norms
+        norms *= c
+        norms += e_abs             # the bound
+        wild = ~xp.isfinite(est)   # an overflowing product bounds nothing
+        upper = xp.where(wild, xp.inf, est + norms)
+        lower = xp.where(wild, -xp.inf, est - norms)
+        del est, norms, wild
+        reach = xp.partition(upper, k - 1, axis=1)[:, k - 1] if k < n else upper.max(axis=1)
+        keep = lower <= reach[:, None]
+        if radius is not None:
+            keep |= lower < radius[None, :]
+        del upper, lower
+        r, j = xp.nonzero(keep)
+        del keep
+        dd = cross_distances(Q, A, r + i0, j, p, backend)
+        direct += int(r.shape[0])
+        order = argsort_stable(xp, dd)          # nearest first, ties in column order (nonzero's)
+        order = order[argsort_stable(xp, r[order])]
+        start = xp.searchsorted(r[order], xp.arange(i1 - i0))
+        place = order[start[:, None] + xp.arange(k)]
+        index[i0:i1], dist[i0:i1] = j[place], dd[place]
+        within = dd <= dd[place[:, -1]][r]
+        if radius is not None:
+            within |= dd < radius[j]
+        pairs.append((r[within] + i0, j[within], dd[within]))
+    if report is not None:
+        report.update(mode=mode, direct_pairs=direct)
+    empty = xp.empty(0, dtype=xp.int64)
+    rr, jj, dd = (xp.concatenate(part) for part in zip(*pairs)) if pairs else (empty, empty, xp.empty(0))
+    dist = _unscaled(dist, p)
+    if m and not bool(xp.isfinite(dist).all()):
+        raise ValueError(f"squared distances of the new points (up to {float(xp.abs(Q).max()):.3g} in magnitude) "
+                         "to the training points overflow float64; scale the data down.")
+    return index, dist, (rr, jj, _unscaled(dd, p))
+
+
+def _prepared(Q, mean, p: int, backend: Backend):
+    """fl((Q - mean) 2^-p) in Q's dtype, as :func:`prepare` makes A's."""
+    xp = backend.xp
+    out = xp.empty_like(Q)
+    step = _chunk(Q.shape[1], 16, backend)
+    scale = 2.0 ** -p
+    for i0 in range(0, Q.shape[0], step):
+        out[i0:i0 + step] = ((Q[i0:i0 + step].astype(xp.float64) - mean) * scale).astype(Q.dtype)
+    return out
+
+
+def _unscaled(dist, p: int):
+    dist = dist * 2.0 ** p   # (4.0 ** p overflows a Python float first)
+    dist *= 2.0 ** p
+    return dist

@@ -143,6 +143,8 @@ def checked_fit(X, k, *, fit_exact, objective, affinity, n_neighbors, graph_shif
                                                      update="auto")
     if isinstance(init, str) and n_init == "auto":
         n_init = 1 if init == "k-means++" else 10
+    if _gemm.check_precision(gemm_precision) != _gemm.DEFAULT_PRECISION:
+        _warn_without_effect(X, affinity, gemm_precision, device, dtype, n)
     kwargs = dict(objective=objective, affinity=affinity, graph_shift=graph_shift, device=device, dtype=dtype,
                   init=init, n_init=n_init, max_iter=max_iter, tol=tol, verbose=verbose,
                   keep_on_device=keep_on_device, progress=progress, fit_exact=fit_exact,
@@ -150,6 +152,17 @@ def checked_fit(X, k, *, fit_exact, objective, affinity, n_neighbors, graph_shif
     if n_neighbors == "search":
         return search_neighbors(X, k, random_state=random_state, **kwargs)
     return fit(X, k, n_neighbors=n_neighbors, random_state=random_state, **kwargs)
+
+
+def _warn_without_effect(X, affinity, gemm_precision, device, dtype, n):
+    """The kernel methods' warning (:func:`kkmgpu._validation.gemm_mode_ran`) where an explicit gemm_precision
+    has no effect on the neighbour search (CPU, float64, a side below 32) or there is none (precomputed)."""
+    from kkmgpu.kernels.spec import KernelSpec
+
+    d = 0 if affinity == "precomputed" else _validation.as_array(X).shape[1]
+    spec = KernelSpec("precomputed" if affinity == "precomputed" else "linear", precision=gemm_precision)
+    _validation.gemm_mode_ran(gemm_precision, spec, resolve_device(device, (X,)), _validation.check_dtype(dtype),
+                              n, d, stacklevel=5, subject=f"affinity={affinity!r}")
 
 
 # --- the kernel ------------------------------------------------------------------------------------------------
@@ -306,14 +319,14 @@ def _scipy_lobpcg():
 
 # --- fit -------------------------------------------------------------------------------------------------------
 
-def graph_features(Xd, dtype, backend):
-    """(center, features): X centred in float64, then cast to the compute precision (an offset such as 1e7 would
-    otherwise take the float32 digits before the centring could)."""
+def graph_features(Xd, dtype, backend, center=None):
+    """(center, features): X centred in float64 (on its mean, or ``center``), then cast to the compute precision
+    (an offset such as 1e7 would otherwise take the float32 digits before the centring could)."""
     from kkmgpu.kernels.blocks import tile_rows
 
     xp = backend.xp
     ct = np.float64 if _validation.check_dtype(dtype) == np.float64 else np.float32
-    center = Xd.mean(axis=0, dtype=xp.float64)
+    center = Xd.mean(axis=0, dtype=xp.float64) if center is None else backend.asarray(center).astype(xp.float64)
     features = xp.empty(Xd.shape, dtype=ct)
     step = tile_rows(Xd.shape[1], 8, backend=backend)
     for i0 in range(0, Xd.shape[0], step):
@@ -371,8 +384,11 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
         t_end = time.perf_counter()
         timings = {"graph": t_graph - t_start, "kernel_build": t_kernel - t_graph, "init": t_init - t_kernel,
                    "iterations": float(sum(r.timings.get("iterations", 0.0) for r in runs)), "total": t_end - t_start}
+        mode = None if features is None else _gemm.effective_mode(gemm_precision, backend, features.dtype,
+                                                                  shape=(n, n, features.shape[1]))  # the search's
         params = {"objective": objective, "affinity": affinity, "graph_shift": shift, "nnz": int(A.nnz),
-                  "init": init if isinstance(init, str) else "array", **spectral}
+                  "init": init if isinstance(init, str) else "array", "gemm_precision": gemm_precision,
+                  "gemm_mode": mode, **spectral}
         if state_graph is not None:
             params["n_neighbors"] = int(n_neighbors)
         objectives = np.array([r.objective - shifted for r in runs], dtype=np.float64)
@@ -446,7 +462,9 @@ def search_neighbors(X, k, *, random_state, device, **kwargs):
 
 def predict(result, X_new, backend, batch_size=None):
     """Labels of new points: their affinities to the training points (as the graph would give them), then the
-    nearest cluster in the graph kernel's feature space (the fit's own assignment rule)."""
+    nearest cluster in the graph kernel's feature space (the fit's own assignment rule). The new points are
+    prepared as the training features (centred in float64 on the training mean, cast, scaled by the fit's power of
+    two); their neighbours are exact in every GEMM precision mode (knn_exact.query, ``batch_size`` at a time)."""
     state: GraphState = result._graph_state
     if state.graph is None:
         raise ValueError("this result was fit on a precomputed affinity matrix; predict needs the training "
@@ -456,8 +474,8 @@ def predict(result, X_new, backend, batch_size=None):
     if X_new.shape[1] != state.features.shape[1]:
         raise ValueError(f"X_new has {X_new.shape[1]} features but the model was fit on "
                          f"{state.features.shape[1]}.")
-    Q = X_new.astype(state.features.dtype) - state.center.astype(state.features.dtype)  # as the training features
-    W, nearest = _graphs.query_affinity(state.graph, state.features, Q, backend)
+    Q = graph_features(X_new, state.features.dtype, backend, center=state.center)[1]   # as the training features
+    W, nearest = _graphs.query_affinity(state.graph, state.features, Q, backend, rows=batch_size)
     labels = backend.asarray(result._train_labels).astype(xp.int64)
     k = result.n_clusters
     n = labels.shape[0]
