@@ -371,8 +371,9 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
                                         t_start=t_start, t_valid=ctx.t_valid)
         else:
             result = _methods.METHODS[method].run(ctx, resolved)
-        result = dataclasses.replace(result, method_params={**(result.method_params or {}),
-                                                            "gemm_precision": gemm_precision, "gemm_mode": mode})
+        params = result.method_params or {}  # a method may record the mode its products ran in (CATS's roofline)
+        result = dataclasses.replace(result, method_params={**params, "gemm_precision": gemm_precision,
+                                                            "gemm_mode": params.get("gemm_mode", mode)})
         return in_user_units(result, user_weights, weight_scale, spec)
 
 

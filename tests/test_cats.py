@@ -726,6 +726,46 @@ def test_the_million_point_block_is_cached_where_it_fits(free, cached, monkeypat
     assert 10**6 * 10 * 317 * 4 > 12.6e9
 
 
+@pytest.mark.gpu
+def test_all_points_are_split_once_per_fit_or_run_fp32_where_the_split_does_not_fit(monkeypatch):
+    """3xTF32 on a GPU: all points' split operand ([L | H | H], n x 3 d float32) is prepared once per fit where it
+    fits beside the iteration's arrays; on a device where it does not, the blocks run fp32 (a split per block pays
+    only from SPLIT_PER_BLOCK_MIN_COLUMNS columns on; with that bound lowered to k l they split per block), and the
+    fit records the mode that ran. Every way gives the float64 run's labels and an exact objective within float32
+    rounding of the float64 objective of those labels (the emulated device charges every buffer: the guard holds)."""
+    from conftest import require_cuda
+    from kkmgpu.engine import source as _source
+    from kkmgpu.kernels import gemm as _gemm
+
+    require_cuda()
+    n, d, k, l = 600, 40, 4, 12
+    X, _ = blobs(n, d, k, seed=63, spread=4.0)
+    kwargs = dict(method="cats", n_samples_per_cluster=l, init=random_partition(n, k, 64), random_state=3,
+                  device="cuda", exact_objective=True, max_iter=20)
+    expected = quiet_fit(X, k, dtype="float64", **kwargs)
+    split_rows = []
+    real_split = _gemm.tf32_split
+    monkeypatch.setattr(_gemm, "tf32_split", lambda xp, A: split_rows.append(A.shape[0]) or real_split(xp, A))
+    runs = {"prepared": quiet_fit(X, k, **kwargs)}
+    splits = {"prepared": sum(split_rows)}
+    with small_device("cuda", int(2.5 * 12 * n * d), monkeypatch):  # the operand (12 n d bytes) does not fit
+        split_rows.clear()
+        runs["fp32"] = quiet_fit(X, k, **kwargs)
+        splits["fp32"] = sum(split_rows)
+        monkeypatch.setattr(_source, "SPLIT_PER_BLOCK_MIN_COLUMNS", k * l)
+        split_rows.clear()
+        runs["per block"] = quiet_fit(X, k, **kwargs)
+        splits["per block"] = sum(split_rows)
+    assert {way: r.method_params["gemm_mode"] for way, r in runs.items()} == \
+        {"prepared": "3xtf32", "fp32": "fp32", "per block": "3xtf32"}
+    assert splits["prepared"] == n and splits["fp32"] == 0  # once per fit; never
+    assert splits["per block"] >= n * runs["per block"].n_iter  # every row in every iteration
+    reference = kernel_kmeans_objective(kernel_matrix(X, kernel="rbf"), host(expected.labels), k=k)
+    for way, result in runs.items():
+        np.testing.assert_array_equal(host(result.labels), host(expected.labels), err_msg=way)
+        assert result.exact_objective == pytest.approx(reference, rel=1e-5), way
+
+
 def test_device_sampling_draws_distinct_members(device):
     """sample_members: each cluster gets min(width, n_c) distinct positive-weight members (in increasing order,
     padding repeats the first; a cluster without positive-weight members gets a row of 0), the same on every device

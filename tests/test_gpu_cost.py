@@ -79,21 +79,28 @@ def _standin():
     return cp
 
 
-def _data(n):
-    return np.random.default_rng(26).random((n, D)).astype(np.float32)
+#: cases on D_WIDE features (products wide enough for the tensor-core modes: every side at least 32)
+WIDE_CASES = {f"cats-{mode}": dict(method="cats", n_samples_per_cluster=16, theta=0.0, gemm_precision=mode)
+              for mode in ("fp32", "3xtf32")}
+D_WIDE = 40
+
+
+def _data(n, d=D):
+    return np.random.default_rng(26).random((n, d)).astype(np.float32)
 
 
 @functools.lru_cache(maxsize=None)
 def per_iteration(case, n, k):
-    """(Counts of one iteration, its ledgers' launch names and sync sites per iteration) for ``case``."""
+    """(Counts of one iteration, its ledgers' launch names and sync sites per iteration, the Counts of its matrix
+    products, the GEMM mode the fit recorded) for ``case``."""
     cp = _standin()
-    X = _data(n)
+    X = _data(n, D_WIDE if case in WIDE_CASES else D)
     ledgers = []
     for max_iter in ITERATIONS:
         with cp.cuda.standin_ledger() as ledger, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ConvergenceWarning: max_iter is reached on purpose
             result = kkmgpu.fit(X, k, device="cuda", init="random", n_init=1, random_state=0, max_iter=max_iter,
-                                tol=0.0, **CASES[case])
+                                tol=0.0, **{**CASES, **WIDE_CASES}[case])
         assert result.n_iter == max_iter, (f"{case}: the fit stopped after {result.n_iter} of {max_iter} "
                                            "iterations; the comparison needs data that keep moving")
         ledgers.append(ledger)
@@ -103,12 +110,14 @@ def per_iteration(case, n, k):
     names.subtract(first.launch_names)
     sites = last.sync_sites.copy()
     sites.subtract(first.sync_sites)
+    none = type(last.counts)()
+    gemm = (last.by_name.get("matmul", none) - first.by_name.get("matmul", none)) / steps
     return ((last.counts - first.counts) / steps, {name: v / steps for name, v in names.items() if v},
-            {site: v / steps for site, v in sites.items() if v})
+            {site: v / steps for site, v in sites.items() if v}, gemm, result.method_params["gemm_mode"])
 
 
 def _describe(case, n, k):
-    counts, names, sites = per_iteration(case, n, k)
+    counts, names, sites = per_iteration(case, n, k)[:3]
     lines = [f"{case} at n={n}, k={k}, per iteration: {counts}"]
     lines += [f"  sync {v:g} x {kind} at {where}" for (kind, where), v in sites.items()]
     lines += [f"  launch {v:g} x {name}" for name, v in sorted(names.items(), key=lambda kv: -kv[1])]
@@ -117,7 +126,7 @@ def _describe(case, n, k):
 
 @pytest.mark.parametrize("case", CASES)
 def test_syncs_per_iteration_within_budget(case):
-    counts, _, _ = per_iteration(case, N, K)
+    counts = per_iteration(case, N, K)[0]
     assert counts.syncs <= SYNC_BUDGET[case], _describe(case, N, K)
 
 
@@ -149,3 +158,21 @@ def test_iteration_counts_follow_the_work():
         tiled = per_iteration("exact-tiled-full", n, K)[0]
         gemm = sum(v for mode, v in tiled.flops.items() if mode in ("fp32", "tf32"))
         assert gemm in (2 * n * n * D, 3 * 2 * n * n * D), _describe("exact-tiled-full", n, K)
+
+
+def test_cats_3xtf32_splits_all_points_once_per_fit_not_per_iteration():
+    """CATS in 3xTF32 reads all points' split operand ([L | H | H], n x 3 d), prepared once per fit: an iteration's
+    device bytes outside the GEMM exceed fp32's by the same amount at n and 2n (the samples' operand, k L rows),
+    where a split of the n x d features (about a dozen elementwise passes) would add well over one read of them
+    per point; the GEMM itself reads at most the operand's two extra thirds more per pass (two passes at most)."""
+    extra = {}
+    for n in (N, 2 * N):
+        (fp32, _, _, fp32_gemm, fp32_mode), (split, _, _, split_gemm, split_mode) = (
+            per_iteration(f"cats-{mode}", n, K) for mode in ("fp32", "3xtf32"))
+        assert (fp32_mode, split_mode) == ("fp32", "3xtf32")
+        assert split.syncs == fp32.syncs and split.launches <= fp32.launches + 4, _describe("cats-3xtf32", n, K)
+        extra[n] = ((split.device_bytes - split_gemm.device_bytes) - (fp32.device_bytes - fp32_gemm.device_bytes),
+                    split_gemm.device_bytes - fp32_gemm.device_bytes)
+    elementwise, gemm = (extra[2 * N][i] - extra[N][i] for i in (0, 1))
+    assert elementwise < 4 * N * D_WIDE, (extra, _describe("cats-3xtf32", 2 * N, K))
+    assert gemm <= 2 * 8 * N * D_WIDE, (extra, _describe("cats-3xtf32", 2 * N, K))

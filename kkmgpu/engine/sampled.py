@@ -35,6 +35,7 @@ from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.backend.device import MEMORY_HEADROOM, Backend, InsufficientMemoryError, _format_bytes, work_bytes
 from kkmgpu.engine.lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
 from kkmgpu.engine.sampling import sample_members
+from kkmgpu.engine.source import KernelSource  # noqa: F401  (kkmgpu.engine.sampled.KernelSource, as before)
 
 #: The n x (k L) block is kept between the two passes of an iteration when it takes at most this fraction of the
 #: device's free memory left beside the iteration's own arrays (within MEMORY_HEADROOM); otherwise it is recomputed.
@@ -46,44 +47,6 @@ CACHE_UNKNOWN_MEMORY_BYTES = 4 * 2**30
 def default_samples_per_cluster(n: int, k: int) -> int:
     """The paper's experimental choice l = ceil(sqrt(n / k))."""
     return max(1, math.ceil(math.sqrt(n / k)))
-
-
-class KernelSource:
-    """Blocks of the kernel between points and sampled points, from features or a precomputed K.
-
-    ``A`` is prepared features (n, d) and ``spec`` a kernel spec, or, for kernel="precomputed",
-    ``A`` is K itself and blocks are gathered from it.
-    """
-
-    def __init__(self, A, spec, backend: Backend):
-        self.A, self.spec, self.backend = A, spec, backend
-        self.n = A.shape[0]
-        self.precomputed = spec.name == "precomputed"
-
-    @property
-    def itemsize(self):
-        return np.dtype(self.A.dtype).itemsize
-
-    def diagonal(self):
-        if self.precomputed:
-            return self.backend.xp.diagonal(self.A).astype(self.backend.xp.float64)
-        return _kernels.kernel_diagonal(self.A, self.spec, self.backend)
-
-    def take(self, index):
-        """The sampled points ``index`` (device int64) in the form ``block`` and ``square`` use."""
-        return index if self.precomputed else self.A[index]
-
-    def block(self, i0, i1, samples):
-        """K(x_i, s) for i in [i0, i1) and the sampled points ``samples`` (from ``take``)."""
-        if self.precomputed:
-            return self.A[i0:i1][:, samples]
-        return _kernels.kernel_block(self.A[i0:i1], samples, self.spec, self.backend)
-
-    def square(self, samples):
-        """K(s, s') for the sampled points ``samples`` (from ``take``)."""
-        if self.precomputed:
-            return self.A[samples][:, samples]
-        return _kernels.kernel_block(samples, samples, self.spec, self.backend)
 
 
 class _SourceRows:
@@ -98,10 +61,14 @@ class _SourceRows:
 
     def device_rows(self, idx):
         """Kernel rows K[idx, :] (float64, on the device) for device indices ``idx``."""
-        if self.source.precomputed:
-            block = self.source.A[idx]
-        else:
-            block = _kernels.kernel_block(self.source.A[idx], self.source.A, self.source.spec, self.backend)
+        source = self.source
+        if source.precomputed:
+            block = source.A[idx]
+        elif source.spec.name == "callable":
+            block = _kernels.kernel_block(source.A[idx], source.A, source.spec, self.backend)
+        else:  # a few rows: a memory-bound product, "fp32" by its shape; the norms computed once
+            sq = source.row_norms()
+            block = _kernels.kernel_block(source.A[idx], source.A, source.spec, self.backend, a_sq=sq[idx], b_sq=sq)
         return block.astype(self.backend.xp.float64)
 
 
@@ -179,15 +146,17 @@ def _counts(labels, weights, positive, k, backend, dist=None, previous=None):
 ONE_SQUARE_MAX_BYTES = 256 * 2**20
 
 
-def _sample_squares(source, samples, backend, k, l):
-    """M (k, l, l) float64: M[c] = K(S_c, S_c)."""
+def _sample_squares(source, samples, backend, k, l, columns=None):
+    """M (k, l, l) float64: M[c] = K(S_c, S_c) (``columns``: the samples as prepared for the blocks, if they are)."""
     xp = backend.xp
     # the one square and its float64 copy are temporaries: within WORK_FRACTION of the free memory too
     if (k * l) ** 2 * 8 <= ONE_SQUARE_MAX_BYTES and (k * l) ** 2 * (8 + source.itemsize) <= work_bytes(2**62, backend):
-        Q = source.square(samples).astype(xp.float64).reshape(k, l, k, l)
+        Q = source.square(samples, columns).astype(xp.float64).reshape(k, l, k, l)
         c = xp.arange(k)
         return Q[c, :, c, :]  # the k diagonal blocks
-    return xp.stack([source.square(samples[c * l:(c + 1) * l]) for c in range(k)]).astype(xp.float64)
+    parts = [slice(c * l, (c + 1) * l) for c in range(k)]
+    return xp.stack([source.square(samples[s], None if columns is None else columns.part(s))
+                     for s in parts]).astype(xp.float64)
 
 
 #: cuSOLVER's batched Jacobi eigensolver (syevjBatched, what cupy.linalg.eigh runs on a stack of matrices) is
@@ -280,12 +249,13 @@ def _solve_coefficients(M, rhs, rcond, backend):
 
 
 def _centroid_coefficients(source, samples, backend, mask_d, Lw, sizes_h, rcond, diag_s, full=None,
-                           alpha_full=None):
+                           alpha_full=None, columns=None):
     """alpha_c = M_c^+ (L_c w_c) / n_c for the clusters sampled in part (all at once), ``alpha_full`` (from
-    :func:`full_clusters`) for those sampled in full; and the offsets alpha_c^T M_c alpha_c (both on the device)."""
+    :func:`full_clusters`) for those sampled in full; and the offsets alpha_c^T M_c alpha_c (both on the device).
+    ``columns``: the samples as the blocks' prepared operand (:meth:`KernelSource.columns`), if they are."""
     xp = backend.xp
     k, l = mask_d.shape
-    M = _sample_squares(source, samples, backend, k, l)
+    M = _sample_squares(source, samples, backend, k, l, columns)
     M = (M + M.transpose(0, 2, 1)) / 2
     j = xp.arange(l)
     M[:, j, j] = diag_s.reshape(k, l)  # k(s, s) exactly (the GEMM form leaves rounding there)
@@ -302,6 +272,16 @@ def _centroid_coefficients(source, samples, backend, mask_d, Lw, sizes_h, rcond,
     return alpha, xp.einsum("kl,klm,km->k", alpha, M, alpha)  # the offsets stay on the device
 
 
+def iteration_need(n, k, width, itemsize, backend):
+    """(rows per tile, bytes one iteration with L = ``width`` samples per cluster holds however small its tiles)."""
+    # a tile of the n x (k L) block has a float64 copy in _project: both within WORK_FRACTION of the free memory
+    step = min(_kernels.tile_rows(k * width, itemsize),
+               _kernels.tile_rows(k * width, itemsize + 8, 2**62, backend=backend))
+    # T (n x k) and, for alpha, M, its symmetrised copy and the eigenvectors (k x L x L, about six such at once),
+    # float64, with one tile
+    return step, 8 * (n * k + 6 * k * width * width) + step * k * width * (itemsize + 8)
+
+
 def iteration_plan(n, k, width, itemsize, backend, l):
     """Rows per tile and whether the n x (k L) block is kept between the passes, for one iteration with L =
     ``width`` samples per cluster; raises :class:`InsufficientMemoryError` before anything is allocated when the
@@ -310,12 +290,7 @@ def iteration_plan(n, k, width, itemsize, backend, l):
     memory cannot be read)."""
     block_bytes = n * k * width * itemsize
     available = backend.available_bytes()
-    # a tile of the n x (k L) block has a float64 copy in _project: both within WORK_FRACTION of the free memory
-    step = min(_kernels.tile_rows(k * width, itemsize),
-               _kernels.tile_rows(k * width, itemsize + 8, 2**62, backend=backend))
-    # what one iteration holds however small its tiles: T (n x k) and, for alpha, M, its symmetrised copy and the
-    # eigenvectors (k x L x L, about six such at once), float64, with one tile
-    need = 8 * (n * k + 6 * k * width * width) + step * k * width * (itemsize + 8)
+    step, need = iteration_need(n, k, width, itemsize, backend)
     if available is not None and need > int(available * MEMORY_HEADROOM):
         raise InsufficientMemoryError(
             f"the CATS iteration's arrays (n={n}, k={k}, {width} samples per cluster: the smaller of "
@@ -361,6 +336,9 @@ class DevicePasses:
     def begin(self, labels, k, width, l):
         self.labels = self.backend.asarray(labels)
         self.k, self.width = k, width
+        # every row is read once or twice per iteration: its 3xTF32 split is prepared once per fit where it fits
+        # beside the iteration's own arrays (KernelSource.prepare_rows; else the roofline's choice, block_mode)
+        self.source.prepare_rows(k * width, iteration_need(self.n, k, width, self.source.itemsize, self.backend)[1])
         self.step, self.cache = iteration_plan(self.n, k, width, self.source.itemsize, self.backend, l)
 
     def centroids(self, index, mask, sizes_h, rcond, full, alpha_full):
@@ -369,13 +347,14 @@ class DevicePasses:
         backend, xp, k, width = self.backend, self.backend.xp, self.k, self.width
         index_d = backend.asarray(index.ravel())
         self.samples = self.source.take(index_d)
+        self.columns = self.source.columns(self.samples, index_d)  # prepared once for both passes and M
         sampled_in_part = not full.all()
         self.cache = self.cache and sampled_in_part
         Lw = xp.zeros((k, width), dtype=xp.float64)
         self.blocks = []
         for i0 in range(0, self.n if sampled_in_part else 0, self.step):
             i1 = min(self.n, i0 + self.step)
-            B = self.source.block(i0, i1, self.samples)
+            B = self.source.block(i0, i1, self.samples, self.columns)
             lab = self.labels[i0:i1]
             own = B.reshape(i1 - i0, k, width)[xp.arange(i1 - i0), lab].astype(xp.float64)  # (t, L)
             Y = xp.zeros((i1 - i0, k), dtype=xp.float64)
@@ -384,7 +363,8 @@ class DevicePasses:
             if self.cache:
                 self.blocks.append(B)
         return _centroid_coefficients(self.source, self.samples, backend, backend.asarray(mask.astype(np.float64)),
-                                      Lw, sizes_h, rcond, self.diag[index_d], full=full, alpha_full=alpha_full)
+                                      Lw, sizes_h, rcond, self.diag[index_d], full=full, alpha_full=alpha_full,
+                                      columns=self.columns)
 
     def assign(self, alpha, offsets, nonempty):
         # pass 2: every point to the nearest approximate centroid
@@ -392,7 +372,7 @@ class DevicePasses:
         T = xp.empty((self.n, self.k), dtype=xp.float64)
         for b, i0 in enumerate(range(0, self.n, self.step)):
             i1 = min(self.n, i0 + self.step)
-            B = self.blocks[b] if self.cache else self.source.block(i0, i1, self.samples)
+            B = self.blocks[b] if self.cache else self.source.block(i0, i1, self.samples, self.columns)
             T[i0:i1] = _project(B, alpha, xp)
         self.blocks = []
         new_labels, min_dist, _ = backend.ops.assign_labels(T, self.diag, nonempty.astype(np.float64), offsets,
@@ -500,7 +480,8 @@ def restarts(make_labels, run, n_init, max_iter, stacklevel=4):
 
 
 def exact_objective(source: KernelSource, labels_h, weights_h, k, diag=None, tile=2048):
-    """sum_i w_i ||phi(x_i) - m_{label_i}||^2 with exact centroids, in tiles (O(sum_c n_c^2 d) time)."""
+    """sum_i w_i ||phi(x_i) - m_{label_i}||^2 with exact centroids, in tiles (O(sum_c n_c^2 d) time); each cluster's
+    members prepared once as the columns of its tiles (:meth:`KernelSource.columns`)."""
     backend = source.backend
     xp = backend.xp
     if diag is None:
@@ -516,13 +497,10 @@ def exact_objective(source: KernelSource, labels_h, weights_h, k, diag=None, til
         within = 0.0
         # a tile holds the block in the source's dtype and its float64 copy: sized within the free memory
         rows_per_tile = min(tile, _kernels.tile_rows(members.size, source.A.dtype.itemsize + 8, backend=backend))
-        B = None if source.precomputed else source.A[idx]
+        samples = source.take(idx)
+        columns = source.columns(samples, idx)
         for i0 in range(0, members.size, rows_per_tile):
-            rows = idx[i0:i0 + rows_per_tile]
-            if source.precomputed:
-                block = source.A[rows[:, None], idx[None, :]]
-            else:
-                block = _kernels.kernel_block(source.A[rows], B, source.spec, backend)
+            block = source.rows_block(idx[i0:i0 + rows_per_tile], samples, columns)
             within += float(wd[i0:i0 + rows_per_tile] @ (block.astype(xp.float64) @ wd))
         total -= within / w.sum()
     return total

@@ -113,8 +113,10 @@ def nystrom_features(source: KernelSource, index, backend, verbose=False):
     and the projection K_BB^(-1/2) (m, r) in the compute precision."""
     xp = backend.xp
     n, m = source.n, len(index)
-    samples = source.take(backend.asarray(index))
-    K_BB = source.square(samples).astype(xp.float64)
+    index_d = backend.asarray(index)
+    samples = source.take(index_d)
+    columns = source.columns(samples, index_d)  # the landmarks' GEMM operand, prepared once for every row tile
+    K_BB = source.square(samples, columns).astype(xp.float64)
     K_BB = 0.5 * (K_BB + K_BB.T)
     eigenvalues, U = xp.linalg.eigh(K_BB)
     eigenvalues = backend.to_host(eigenvalues)
@@ -133,7 +135,7 @@ def nystrom_features(source: KernelSource, index, backend, verbose=False):
     step = _kernels.tile_rows(m + r, max(np.dtype(compute).itemsize, 8), backend=backend)
     for i0 in range(0, n, step):
         i1 = min(n, i0 + step)
-        A[i0:i1] = source.block(i0, i1, samples).astype(compute, copy=False) @ projection
+        A[i0:i1] = source.block(i0, i1, samples, columns).astype(compute, copy=False) @ projection
     diagnostics = {"n_landmarks": m, "n_components_used": r, "memory_reduction": m / n,
                    "negative_eigenvalues": int((eigenvalues < 0).sum()),
                    "dropped_eigenvalues": int(m - r)}

@@ -66,6 +66,7 @@ def _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max
             callback=_CatsProgress(bar))
         bar.update(n_init - bar.n)
     t_iter = backend.timer()
+    ran = source.mode_ran()  # the iterations' blocks' GEMM mode (fp32 where the 3xTF32 split could not be kept)
     labels_h = backend.to_host(best.labels).astype(np.int32)
     exact = _cats.exact_objective(source, labels_h, weights_h, k, diag=diag) if want_exact else None
     t_end = backend.timer()
@@ -85,7 +86,8 @@ def _fit_cats(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, max
         kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
         cluster_sizes=best.sizes.astype(np.float64), n_init=n_init,
         objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
-        exact_objective=exact, stop_reason=best.stop_reason, method_params=params,
+        exact_objective=exact, stop_reason=best.stop_reason,
+        method_params=params if ran is None else dict(params, gemm_mode=ran),
         _spec=spec, _train_features=None if precomputed else source_array, _train_labels=best.labels,
         _train_weights=backend.asarray(weights_h), _within=np.zeros(k), _n_train=n,
         _cats_state=state)
