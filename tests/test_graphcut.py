@@ -9,9 +9,15 @@ reference Lloyd iterations of tests/reference.py):
   K = sigma I + A (ratio association): same labels and history as the reference from the same initial labels;
 - graph_shift="auto" makes K positive semi-definite, and the objective never rises then (random starts);
 - the spectral start separates two spirals and two moons that kernel k-means on an RBF kernel cannot;
-- predict equals the reference assignment of new points through their affinities to the training points;
+- predict equals the reference assignment of new points through their affinities to the training points, from
+  float64 distances of the prepared features in every mode; predict(X_train) on fits of X * 1e20, X * 1e-25 and
+  X + 1e7 gives predict(X)'s labels;
+- method_params records the GEMM precision asked and the mode the neighbour search ran, and an explicit mode
+  without effect warns;
 - a precomputed affinity gives the fit from X; n_neighbors="search" keeps the lowest c-NNC; bad input raises.
 """
+
+import warnings
 
 import numpy as np
 import pytest
@@ -155,20 +161,85 @@ def test_precomputed_affinity_gives_the_fit_from_X(rng):
         kkmgpu.predict(pre, X[:3])
 
 
-def test_predict_places_new_points_through_their_training_neighbours(device, rng):
-    X, _ = blobs(240, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
-    X_new = X[:40] + rng.normal(scale=0.3, size=(40, 2))
-    result = kkmgpu.fit(X, 3, objective="ncut", n_neighbors=8, device=device, dtype="float64", random_state=1)
-    A, D = dense_knn(X, 8)
+@pytest.mark.filterwarnings("ignore:gemm_precision='tf32' has no effect:UserWarning")
+@pytest.mark.parametrize("dtype, d, precision", [("float64", 2, "3xtf32"), ("float32", 32, "tf32")])
+def test_predict_places_new_points_through_their_training_neighbours(device, dtype, d, precision, rng):
+    """The reference: float64 distances (cdist) of the features as fit and predict prepare them (X and X_new
+    minus X's mean, in ``dtype``); in float32 with 32 features a GPU searches in TF32."""
+    X, _ = blobs(240, d, 3, int(rng.integers(1 << 30)), spread=2.0)
+    X_new = X[:40] + rng.normal(scale=0.3, size=(40, d))
+    result = kkmgpu.fit(X, 3, objective="ncut", n_neighbors=8, device=device, dtype=dtype, random_state=1,
+                        gemm_precision=precision)
+    features, new = ((Y - X.mean(axis=0)).astype(dtype).astype(np.float64) for Y in (X, X_new))
+    A, D = dense_knn(features, 8)
     d = A.sum(axis=1)
     radius = np.sort(D, axis=1)[:, 7]
-    D_new = cdist(X_new, X, "sqeuclidean")
+    D_new = cdist(new, features, "sqeuclidean")
     own = D_new <= np.sort(D_new, axis=1)[:, 7:8]
     W = 0.5 * own + 0.5 * (D_new < radius[None, :])
     shift = result.method_params["graph_shift"]
     K, _ = graph_kernel(A, "ncut", shift)
     expected = assign_new_points(W / np.outer(W.sum(axis=1), d), K, result.labels, 3, sample_weight=d)
     np.testing.assert_array_equal(kkmgpu.predict(result, X_new), expected)
+
+
+def test_predict_on_scaled_and_offset_training_points_gives_the_labels_of_X(device, rng):
+    """predict(result, X_train) for fits of X * 1e20 (float32's squares overflow), X * 1e-25 (they underflow) and
+    X + 1e7 (float64 input that a cast before the centring would round to whole numbers; default dtype float32)
+    gives predict(X)'s labels on X's fit, and those agree with its labels_ (issue 27: not everywhere)."""
+    X, _ = blobs(300, 3, 3, int(rng.integers(1 << 30)), spread=2.0)
+    X *= 0.1
+    base = kkmgpu.fit(X, 3, objective="ncut", device=device, random_state=0)
+    want = kkmgpu.predict(base, X)
+    assert np.mean(want == np.asarray(base.labels)) > 0.98
+    for Xs in (X * 1e20, X * 1e-25, X + 1e7):
+        result = kkmgpu.fit(Xs, 3, objective="ncut", device=device, random_state=0)
+        np.testing.assert_array_equal(result.labels, base.labels)
+        np.testing.assert_array_equal(kkmgpu.predict(result, Xs), want)
+
+
+def test_fit_records_the_gemm_precision_and_warns_where_it_has_no_effect(device, rng, monkeypatch):
+    """method_params: "gemm_precision" as asked, "gemm_mode" the mode the neighbour search reported running (the
+    default 3xtf32 on a GPU's float32 features of 32 columns, fp32 on the CPU, fp64 for float64, None for a
+    precomputed affinity). An explicit mode warns where it has no effect (the CPU, float64, a precomputed
+    affinity), once, pointing at the caller; where it runs, it does not."""
+    from kkmgpu.kernels import knn_exact
+
+    ran, search = [], knn_exact.search
+
+    def spy(*args, report=None, **kwargs):
+        report = {} if report is None else report
+        out = search(*args, report=report, **kwargs)
+        ran.append(report["mode"])
+        return out
+
+    monkeypatch.setattr(knn_exact, "search", spy)
+    X, _ = blobs(120, 32, 2, int(rng.integers(1 << 30)), spread=3.0)
+    gpu = device == "cuda"
+
+    def params(data=X, **kwargs):
+        ran.clear()
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            result = kkmgpu.fit(data, 2, objective="ncut", device=device, random_state=0, **kwargs)
+        mine = [w for w in record if "gemm_precision" in str(w.message)]
+        assert all(w.filename == __file__ for w in mine)
+        assert ran == ([] if kwargs.get("affinity") == "precomputed" else [result.method_params["gemm_mode"]])
+        return result.method_params, [str(w.message) for w in mine]
+
+    got, said = params()
+    assert got["gemm_precision"] == "3xtf32" and got["gemm_mode"] == ("3xtf32" if gpu else "fp32") and said == []
+    got, said = params(gemm_precision="tf32")
+    assert got["gemm_precision"] == "tf32" and got["gemm_mode"] == ("tf32" if gpu else "fp32")
+    assert said == ([] if gpu else ["gemm_precision='tf32' has no effect: the CPU computes IEEE float32 GEMMs; the "
+                                    "modes apply to NVIDIA GPUs with tensor cores (Ampere or newer)."])
+    got, said = params(gemm_precision="fp32", dtype="float64")
+    assert got["gemm_mode"] == "fp64" and len(said) == 1
+    assert said[0].startswith("gemm_precision='fp32' has no effect: " + ("dtype='float64'" if gpu else "the CPU"))
+    got, said = params(dense_knn(X, 10)[0], affinity="precomputed", gemm_precision="fp32")
+    assert got["gemm_precision"] == "fp32" and got["gemm_mode"] is None
+    assert said == ["gemm_precision='fp32' has no effect: affinity='precomputed' has no kernel products of "
+                    "features."]
 
 
 def test_mutual_and_self_tuning_predict_agree_with_the_fit_on_training_points(rng):

@@ -5,7 +5,8 @@
 - the self-tuning graph (Zelnik-Manor and Perona) equals exp(-d_ij^2 / (sigma_i sigma_j)) on the union of the
   neighbour lists, sigma_i the distance to the 7th neighbour, computed with scipy's cdist in float64;
 - no self-loops, symmetric, row tiles smaller than n give the same graph, duplicates are neighbours at distance 0,
-  and bad n_neighbors or kinds raise with the rule.
+  and bad n_neighbors or kinds raise with the rule;
+- new points' affinities to the training points (predict's) equal those of scipy's cdist in float64 for every kind.
 """
 
 import numpy as np
@@ -210,3 +211,35 @@ def test_bad_arguments(kwargs, match):
     X = np.random.default_rng(0).normal(size=(20, 2))
     with pytest.raises(ValueError, match=match):
         affinity_graph(backend.asarray(X), backend=backend, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["knn", "mutual_knn", "self_tuning"])
+def test_query_affinity_equals_the_float64_reference(device, kind, rng):
+    """New points' affinities to the training points (predict's), on float32 features 300 from the origin, the
+    search in TF32 (the CPU's float32), in tiles of 11 rows: j among the point's 6 nearest (ties included), the
+    point nearer than j's 6th neighbour, weights by kind (self-tuning: the 7th neighbours' scales), and the
+    nearest training point, all as scipy's cdist of the same values in float64 gives them."""
+    from kkmgpu.kernels.graphs import build_graph, query_affinity
+
+    backend = resolve_device(device)
+    A = (rng.normal(size=(160, 32)) + 300.0).astype(np.float32)
+    Q = (A[:50] + rng.normal(scale=0.3, size=(50, 32))).astype(np.float32)
+    graph = build_graph(backend.asarray(A), 6, kind, backend, precision="tf32")
+    W, nearest = query_affinity(graph, backend.asarray(A), backend.asarray(Q), backend, rows=11)
+    A64, Q64 = A.astype(np.float64), Q.astype(np.float64)
+    D_train = cdist(A64, A64, "sqeuclidean")
+    np.fill_diagonal(D_train, np.inf)
+    D_train.sort(axis=1)
+    D = cdist(Q64, A64, "sqeuclidean")
+    D_sorted = np.sort(D, axis=1)
+    own, other = D <= D_sorted[:, 5:6], D < D_train[None, :, 5]
+    if kind == "knn":
+        want = 0.5 * own + 0.5 * other
+    elif kind == "mutual_knn":
+        want = (own & other).astype(np.float64)
+    else:
+        scale = np.sqrt(D_sorted[:, 6:7]) * np.sqrt(D_train[None, :, 6])
+        want = np.where(own | other, np.exp(-D / scale), 0.0)
+    np.testing.assert_allclose(dense(W, backend), want, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(backend.to_host(nearest), np.argmin(D, axis=1))
+    assert other.sum() > 0 and (own & ~other).sum() > 0    # both directions occur

@@ -7,7 +7,11 @@
   fails), on float64 data offset by 1e7, and on data scaled by 1e20 and 1e-25 (no -1 index, the same neighbours
   as the unscaled data, and the same ncut clustering on both devices);
 - rows that cannot be certified are recomputed, in float64 and directly, and stay exact;
-- the graph objective's features are centred in float64 before their cast; bad input raises with the rule.
+- the graph objective's features are centred in float64 before their cast; bad input raises with the rule;
+- the search of new points (``query``, predict's) gives the reference's neighbours of each new point among the
+  training points, their distances and exactly the pairs within the last neighbour's distance or a training
+  point's radius, in every mode, on the hostile data (where the plain float32 GEMM-form distances get lists
+  wrong), on scaled and offset data, in row tiles that divide nothing.
 """
 
 import numpy as np
@@ -191,3 +195,88 @@ def test_the_precision_reaches_the_gpu_search(rng, monkeypatch):
     assert modes == ["tf32"]
     np.testing.assert_array_equal(backend.to_host(graph.graph.toarray()),
                                   build_graph(X, 5, "knn", resolve_device("cpu")).graph.toarray())
+
+
+def query_reference(Q, A, k, radius_sq):
+    """(index, dist, within, D) of new points Q among the rows of A by cdist in float64, ties to the lower index:
+    within[i, j] when D_ij <= the k-th distance of i or D_ij < radius_sq[j]."""
+    D = cdist(np.asarray(Q, dtype=np.float64), np.asarray(A, dtype=np.float64), "sqeuclidean")
+    index = np.argsort(D, axis=1, kind="stable")[:, :k]
+    dist = np.take_along_axis(D, index, axis=1)
+    return index, dist, (D <= dist[:, -1:]) | (D < radius_sq[None, :]), D
+
+
+def query(A, Q, k, device, mode, radius_sq, **kwargs):
+    backend = resolve_device(device)
+    index, dist, pairs = knn_exact.query(backend.asarray(A), backend.asarray(Q), k, backend, mode,
+                                         radius_sq=backend.asarray(radius_sq), **kwargs)
+    return backend.to_host(index), backend.to_host(dist), tuple(backend.to_host(x) for x in pairs)
+
+
+def check_query(got, want, n):
+    index, dist, (rows, cols, pair_dist) = got
+    want_index, want_dist, within, D = want
+    np.testing.assert_array_equal(index, want_index)
+    np.testing.assert_allclose(dist, want_dist, rtol=1e-12, atol=0)
+    assert np.all(np.diff(rows * n + cols) > 0)    # each pair once, in row order, columns ascending
+    np.testing.assert_array_equal(np.column_stack([rows, cols]), np.argwhere(within))
+    np.testing.assert_allclose(pair_dist, D[rows, cols], rtol=1e-12, atol=0)
+
+
+def new_points(A, rng):
+    """Copies of 30 training points (one of the 25 copies among them: exact ties), 30 points moved by 0.05 and
+    10 between the bulk and an outlier, float32."""
+    moved = A[rng.choice(A.shape[0], 30)] + rng.normal(scale=0.05, size=(30, A.shape[1]))
+    between = A[rng.choice(np.arange(100, A.shape[0]), 10)] * 0.5 + A[:10] * 0.5
+    return np.concatenate([A[np.r_[4, rng.choice(A.shape[0], 29)]], moved, between]).astype(np.float32)
+
+
+def test_plain_float32_query_is_wrong_on_the_hostile_data(rng):
+    """The float32 GEMM-form distances of the raw new points (what predict used) get neighbour lists wrong here."""
+    A = hostile(rng)
+    Q = new_points(A, rng)
+    sq_a, sq_q = (A * A).sum(axis=1), (Q * Q).sum(axis=1)
+    plain = np.argsort(sq_q[:, None] + sq_a[None, :] - 2 * (Q @ A.T), axis=1, kind="stable")[:, :10]
+    want = query_reference(Q, A, 10, np.zeros(A.shape[0]))[0]
+    assert np.any(np.sort(plain, axis=1) != np.sort(want, axis=1), axis=1).sum() >= 10
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_query_equals_the_float64_reference_on_hostile_data(device, mode, rng):
+    """New points against the hostile set (radii: each training point's 10th neighbour distance), in tiles of
+    13 rows: each point's 10 nearest, their distances and the pairs within. The bound leaves fewer than a third of
+    the pairs to direct distances except in TF32, whose margins exceed the neighbour distances there."""
+    A = hostile(rng)
+    Q = new_points(A, rng)
+    radius = reference(A, 10)[1][:, -1] * (1 + 1e-9)   # off every distance: a GPU's sums may round one differently
+    report = {}
+    got = query(A, Q, 10, device, mode, radius, rows=13, report=report)
+    check_query(got, query_reference(Q, A, 10, radius), A.shape[0])
+    if report["mode"] != "tf32":
+        assert report["direct_pairs"] < Q.shape[0] * A.shape[0] / 3
+
+
+@pytest.mark.parametrize("scale, offset, dtype", [(1e20, 0.0, np.float32), (1e-25, 0.0, np.float32),
+                                                  (1.0, 1e7, np.float64)])
+def test_query_on_scaled_and_offset_data(device, scale, offset, dtype, rng):
+    """float32 data times 1e20 or 1e-25 and float64 data 1e7 from the origin: the reference's neighbours and
+    pairs (radii: the training points' 5th neighbour distances), those of the unscaled data."""
+    X = rng.normal(size=(200, 32))
+    A, Q = (X * scale + offset).astype(dtype)[:150], (X * scale + offset).astype(dtype)[150:]
+    radius = reference(A, 5)[1][:, -1] * (1 + 1e-9)
+    got = query(A, Q, 5, device, "3xtf32", radius)
+    check_query(got, query_reference(Q, A, 5, radius), 150)
+    np.testing.assert_array_equal(got[0], query_reference(X[150:], X[:150], 5, radius)[0])
+
+
+def test_query_bad_input_raises(rng):
+    backend = resolve_device("cpu")
+    A = rng.normal(size=(30, 3))
+    Q = rng.normal(size=(4, 3))
+    Q[1, 2] = np.inf
+    with pytest.raises(ValueError, match="new points contain NaN or infinity"):
+        knn_exact.query(A, Q, 3, backend)
+    with pytest.raises(ValueError, match=r"need 3 features of A's dtype float64"):
+        knn_exact.query(A, Q[:, :2], 3, backend)
+    with pytest.raises(ValueError, match="n_neighbors=31 must be between 1 and the 30 points"):
+        knn_exact.query(A, Q[:1], 31, backend)
