@@ -344,8 +344,9 @@ class Cases:
             labels = self.cp.asarray(labels_h)
             S = self.cp.zeros((n, K), dtype=np.float64)  # the update adds to S: its values do not change the counts
             new = self.cp.asarray(_moved(labels_h, 0.01))
+            kw = {"n_moved": max(1, int(round(0.01 * n)))} if getattr(op, "takes_moved_count", False) else {}
             with self.ledger() as led:
-                op.update_cluster_sums(S, labels, new)
+                op.update_cluster_sums(S, labels, new, **kw)
             return Profile.of(led)
         return (3200, 6400, 9600), 2, run
 

@@ -8,11 +8,12 @@ One iteration's counts come from two fits that differ only in ``max_iter`` (A an
 ``tol=0``): the first A iterations, the set-up and the wrap-up are the same in both, so the difference over
 B - A is what an iteration costs, with no hook inside the loops. The budgets (issue 26):
 
-* synchronisations per iteration at most :data:`SYNC_BUDGET` (one for a Lloyd iteration: the host learns the
-  moved count and the cluster counts, the only things it decides on; see the table for the others);
+* synchronisations per iteration at most :data:`SYNC_BUDGET`: one for every method (a Lloyd iteration's host learns
+  the moved count and the cluster counts, the only things it decides on; CATS's its cluster counts);
 * launches per iteration the same at n and 2n, and at k and 2k: no per-point or per-cluster launches;
 * no n-length transfer per iteration: host <-> device bytes the same at n and 2n (a transfer of even one byte
-  per point would add n bytes at 2n).
+  per point would add n bytes at 2n);
+* CATS in 3xTF32 splits all points' features once per fit, not per iteration.
 
 The cases run on the stand-in only (``KKMGPU_EMULATE_GPU=1``); without it they skip like every ``cuda`` case,
 and on a real GPU they skip because the ledger is the stand-in's (``bash bench/gpu_session.sh`` measures there).
@@ -49,20 +50,10 @@ CASES = {
 
 #: device-to-host synchronisations one iteration may make (issue 26: "a dense incremental iteration makes at most
 #: one device-to-host transfer"; a Lloyd iteration needs one, the moved count and cluster counts it stops and
-#: refills on). The incremental tiled and sparse updates also size their work by the moved points on the host
-#: (flatnonzero), and the sparse one gathers the moved rows of K, whose stored entries CuPy counts on the host.
-#: CATS: one, the cluster counts its sampling and stopping rules read.
-SYNC_BUDGET = {
-    "exact-dense-full": 1,
-    "exact-dense-incremental": 1,
-    "exact-tiled-full": 1,
-    "exact-tiled-incremental": 2,
-    "cats": 1,
-    "eigen": 1,
-    "approx": 1,
-    "trimmed": 3,
-    "ncut": 3,
-}
+#: refills on, and every incremental update takes the moved count from it: the tiled and sparse ones gather the
+#: moved points, and the sparse one their rows of K, on the device into sizes known on the host). CATS: one, the
+#: cluster counts its sampling and stopping rules read.
+SYNC_BUDGET = dict.fromkeys(CASES, 1)
 
 
 def _standin():

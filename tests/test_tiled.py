@@ -437,6 +437,32 @@ def test_incremental_update_equals_full_recomputation(backend, name, dtype, n_mo
     assert op.incremental_cost(n_moved) == n_moved / n
 
 
+@pytest.mark.parametrize("n_moved", [0, 1, 29, 140])
+def test_incremental_update_told_the_moved_count_gives_the_same_bits(backend, n_moved):
+    """The Lloyd loop tells the update how many points moved (``takes_moved_count``): the moved points are then
+    gathered on the device without a transfer, in the order flatnonzero gives; the sums are the bits of the update
+    that counts them itself, and equal the float64 reference's."""
+    rng = np.random.default_rng([n_moved, 26])
+    n, k = 140, 5
+    X = _blobs(rng, n)
+    old = rng.integers(0, k, n).astype(np.int32)
+    new = old.copy()
+    moved = rng.choice(n, n_moved, replace=False)
+    new[moved] = (old[moved] + rng.integers(1, k, n_moved)) % k
+    w = rng.uniform(0.5, 1.5, n)
+    spec = _spec(X, "rbf")
+    op = _tiled.TiledKernelOperator(_kernels.prepare_features(X, spec, backend, np.float32), spec,
+                                    backend.asarray(w), backend, tile_rows=23)
+    assert op.takes_moved_count
+    S = op.cluster_sums(backend.asarray(old), k)
+    counted = backend.to_host(op.update_cluster_sums(S.copy(), backend.asarray(old), backend.asarray(new)))
+    told = backend.to_host(op.update_cluster_sums(S, backend.asarray(old), backend.asarray(new), n_moved=n_moved))
+    np.testing.assert_array_equal(told, counted)
+    K = _reference_K(X, "rbf")
+    tol = TOL[np.float32]
+    np.testing.assert_allclose(told, _indicator_sums(K, new, w, k), rtol=tol["rtol"], atol=tol["atol"] * w.sum())
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("name", KERNELS)
 def test_tiled_run_equals_dense_run_from_same_init(backend, name, dtype):

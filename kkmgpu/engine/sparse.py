@@ -9,9 +9,10 @@ they cost O(nnz) instead of O(n^2):
   that moved are read (K is symmetric, so row p is column p): S[:, new_p] += w_p K[:, p],
   S[:, old_p] -= w_p K[:, p].
 * GPU (library calls, no custom kernel): the sparse-dense products S = K @ Y with Y the weighted one-hot
-  indicator (n x k) and S += K[moved].T @ dY, by cuSPARSE through ``cupyx.scipy.sparse``. The same code
-  runs on the CPU with ``scipy.sparse`` (``library_cluster_sums``), which is how the tests hold the two
-  routes to each other on a machine without a GPU.
+  indicator (n x k) and S += K[moved].T @ dY, by cuSPARSE through ``cupyx.scipy.sparse``, the moved rows gathered
+  on the device into a size known on the host (``gathered_rows``: the iteration's one transfer stays the Lloyd
+  loop's). The same code runs on the CPU with ``scipy.sparse`` (``library_cluster_sums``), which is how the tests
+  hold the two routes to each other on a machine without a GPU.
 
 CSR is ``scipy.sparse.csr_matrix`` on the CPU and ``cupyx.scipy.sparse.csr_matrix`` on a GPU; cupyx is
 reached only through :func:`kkmgpu.backend.device.import_cupyx`.
@@ -26,7 +27,7 @@ import numpy as np
 from kkmgpu.backend.device import Backend, check_fits, import_cupyx
 
 __all__ = ["SparseKernelOperator", "is_sparse", "sparse_module", "to_backend_csr", "library_cluster_sums",
-           "library_update_cluster_sums"]
+           "library_update_cluster_sums", "gathered_rows", "longest_rows_entries"]
 
 
 def is_sparse(X) -> bool:
@@ -107,18 +108,68 @@ def library_cluster_sums(K, labels, weights, k, xp):
     return xp.ascontiguousarray(xp.asarray(K @ _indicator(labels, weights, k, xp)))
 
 
-def library_update_cluster_sums(K, S, old_labels, new_labels, weights, xp):
-    """S += K[moved].T @ dY in place, dY[p] = +w_p at the new cluster and -w_p at the old one (K symmetric)."""
-    moved = xp.flatnonzero(old_labels != new_labels)
-    if moved.shape[0] == 0:
+def longest_rows_entries(K, backend: Backend):
+    """Host int64 (n + 1,): entry m is the stored entries of K's m longest rows together, the most that any m rows
+    hold. Known on the host before the rows are chosen, it sizes a gather of m rows without a transfer (computed
+    once per matrix: one n-long transfer)."""
+    xp = backend.xp
+    lengths = xp.sort((K.indptr[1:] - K.indptr[:-1]).astype(xp.int64))[::-1]
+    return np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(backend.to_host(lengths), dtype=np.int64)])
+
+
+def gathered_rows(K, index, slots, xp):
+    """The rows ``index`` (device, distinct) of the CSR K as a canonical CSR matrix of ``slots`` stored entries, on
+    the device without a transfer: ``slots`` (at least their entries, at most K's, e.g. from
+    :func:`longest_rows_entries`) is known on the host, where K[index] would first count its entries there (CuPy
+    syncs for the nnz). Row r < m is K[index[r]]; the slots past the gathered entries are zeros in
+    slots // n + 1 trailing rows, each column at most once per row and in order (canonical, as K is)."""
+    n, m = K.shape[1], index.shape[0]
+    after = K.indptr[index + 1].astype(xp.int64)  # one past each row's last entry in K
+    ends = xp.cumsum(after - K.indptr[index], dtype=xp.int64)  # ... and in the gathered rows
+    shift = xp.empty(m + 1, dtype=xp.int64)  # slot + shift[row] = the slot's entry of K
+    shift[:m] = after - ends
+    shift[m] = -ends[m - 1]  # the padding's: slot - (gathered entries), below slots, so within K
+    slot = xp.arange(slots, dtype=xp.int64)
+    row = xp.searchsorted(ends, slot, side="right")  # m past the gathered entries
+    source = slot + shift[row]
+    real = row < m
+    columns = xp.where(real, K.indices[source], source % n).astype(K.indices.dtype, copy=False)
+    values = xp.where(real, K.data[source], 0).astype(K.data.dtype, copy=False)
+    padding_rows = slots // n + 1
+    bounds = xp.minimum(ends[m - 1] + xp.arange(n, n * padding_rows + 1, n, dtype=xp.int64), slots)
+    indptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), ends, bounds]).astype(K.indptr.dtype, copy=False)
+    sp = sys.modules["scipy.sparse"] if xp is np else import_cupyx("scipy.sparse")
+    rows = sp.csr_matrix((values, columns, indptr), shape=(m + padding_rows, n))
+    rows.has_canonical_format = True  # K's rows are, and the padding rows hold each column once, in order
+    return rows
+
+
+def library_update_cluster_sums(K, S, old_labels, new_labels, weights, xp, n_moved=None, slots=None):
+    """S += K[moved].T @ dY in place, dY[p] = +w_p at the new cluster and -w_p at the old one (K symmetric).
+
+    ``n_moved`` (how many labels differ) and ``slots`` (at least the moved rows' stored entries, e.g.
+    :func:`longest_rows_entries` at ``n_moved``), when given, spare the transfers that count them: the moved points
+    and their rows are then gathered on the device (:func:`kkmgpu.engine.dense.moved_points`,
+    :func:`gathered_rows`) and the product is one cuSPARSE SpMM over ``slots`` entries.
+    """
+    from kkmgpu.engine.dense import moved_points
+
+    if n_moved is None:
+        n_moved = int(xp.count_nonzero(old_labels != new_labels))
+    if n_moved == 0:
         return S
-    m = moved.shape[0]
-    dY = xp.zeros((m, S.shape[1]), dtype=xp.float64)
-    rows = xp.arange(m)
+    moved = moved_points(old_labels, new_labels, n_moved, xp)
+    if slots is None:
+        slots = int((K.indptr[moved + 1] - K.indptr[moved]).astype(xp.int64).sum())
+    if slots == 0:
+        return S
+    rows = gathered_rows(K, moved, int(slots), xp)
+    dY = xp.zeros((rows.shape[0], S.shape[1]), dtype=xp.float64)  # the padding rows' stay zero
+    r = xp.arange(n_moved)
     w = weights[moved]
-    dY[rows, new_labels[moved]] += w
-    dY[rows, old_labels[moved]] -= w
-    S += xp.asarray(K[moved].T @ dY)
+    dY[r, new_labels[moved]] += w
+    dY[r, old_labels[moved]] -= w
+    S += xp.asarray(rows.T @ dY)
     return S
 
 
@@ -130,7 +181,7 @@ class SparseKernelOperator:
 
     Same interface as :class:`kkmgpu.engine.dense.DenseKernelOperator`: ``n``, ``weights``, ``backend``, ``diag``,
     ``total_diag``, ``rows(index)``, ``cluster_sums(labels, k)``, ``incremental_cost(n_moved)`` and
-    ``update_cluster_sums(S, old, new)``. A full pass costs O(nnz) on the CPU (numba) and one cuSPARSE
+    ``update_cluster_sums(S, old, new, n_moved)``. A full pass costs O(nnz) on the CPU (numba) and one cuSPARSE
     product on a GPU (which needs float64 values: a float32 K is copied to float64 once, 1.5x its CSR
     bytes, so the sums accumulate in float64 as the dense operator's do).
 
@@ -143,6 +194,9 @@ class SparseKernelOperator:
     backend : Backend
     """
 
+    #: :func:`kkmgpu.engine.lloyd.lloyd` passes the number of moved points to :meth:`update_cluster_sums`.
+    takes_moved_count = True
+
     def __init__(self, K, weights, backend: Backend):
         self.backend = backend
         self.K = K
@@ -152,6 +206,7 @@ class SparseKernelOperator:
         xp = backend.xp
         self.diag = xp.asarray(K.diagonal()).astype(xp.float64)
         self.total_diag = float((weights * self.diag).sum())  # sum_i w_i K*_ii, the same every iteration
+        self._longest = None  # longest_rows_entries of K, on the first GPU update
         if backend.is_gpu and K.dtype != np.float64:
             check_fits(csr_bytes(K, np.float64), backend, "the float64 copy of the sparse kernel matrix (cuSPARSE "
                        "products accumulate in its dtype)")
@@ -178,10 +233,26 @@ class SparseKernelOperator:
         """Work of the incremental update relative to a full pass: the moved rows, read serially."""
         return 2.0 * n_moved / max(1, self.n)
 
-    def update_cluster_sums(self, S, old_labels, new_labels):
+    def update_cluster_sums(self, S, old_labels, new_labels, n_moved=None):
+        """S for ``new_labels`` from S for ``old_labels``, in place, from the moved points' rows of K.
+
+        ``n_moved``: how many labels differ, if known (the Lloyd loop's transfer). On a GPU the moved rows are then
+        gathered without a transfer, into as many slots as the ``n_moved`` longest rows of K hold
+        (:func:`longest_rows_entries`, once per matrix), and multiplied by cuSPARSE; checked against the free memory.
+        """
         if self.backend.is_gpu:
+            slots = None
+            if n_moved is not None:
+                if self._longest is None:
+                    self._longest = longest_rows_entries(self._K64, self.backend)
+                slots = int(self._longest[min(int(n_moved), self.n)])
+                # the gather's int64 temporaries (slot, row, its clamp, source, the cumulative lengths' gathers) and
+                # the gathered values and columns
+                check_fits(slots * (6 * 8 + self._K64.dtype.itemsize + 4), self.backend,
+                           f"the gather of the {n_moved} moved rows of the sparse kernel matrix (up to {slots} "
+                           "stored entries)")
             return library_update_cluster_sums(self._K64, S, old_labels, new_labels, self.weights,
-                                               self.backend.xp)
+                                               self.backend.xp, n_moved=n_moved, slots=slots)
         from kkmgpu.kernels.csr_cpu import csr_update_cluster_sums
 
         return csr_update_cluster_sums(self.K, S, old_labels, new_labels, self.weights)

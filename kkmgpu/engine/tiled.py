@@ -26,6 +26,7 @@ from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.backend.device import Backend, _format_bytes, argsort_stable, check_fits
+from kkmgpu.engine.dense import moved_points
 from kkmgpu import _progress
 from kkmgpu._progress import progress_bar
 
@@ -101,6 +102,9 @@ class TiledKernelOperator:
         A progress bar over the rows of every full pass (gone when the pass ends); default: as
         ``fit(progress=...)`` says.
     """
+
+    #: :func:`kkmgpu.engine.lloyd.lloyd` passes the number of moved points to :meth:`update_cluster_sums`.
+    takes_moved_count = True
 
     def __init__(self, A, spec, weights, backend: Backend, *, tile_rows=None, row_range=None, verbose=False,
                  progress=None):
@@ -227,13 +231,18 @@ class TiledKernelOperator:
         """Flops of the incremental update (n x m tiles) relative to a full pass (n x n)."""
         return n_moved / max(1, self.n)
 
-    def update_cluster_sums(self, S, old_labels, new_labels):
-        """S for ``new_labels`` from S for ``old_labels``, in place: only the moved points' columns."""
+    def update_cluster_sums(self, S, old_labels, new_labels, n_moved=None):
+        """S for ``new_labels`` from S for ``old_labels``, in place: only the moved points' columns.
+
+        ``n_moved``: how many labels differ, if known (the Lloyd loop's transfer; else counted here, one transfer).
+        The moved points are gathered on the device in increasing order without a transfer
+        (:func:`kkmgpu.engine.dense.moved_points`).
+        """
         xp = self._xp
-        moved = xp.flatnonzero(old_labels != new_labels)
-        m = int(moved.shape[0])
+        m = int(xp.count_nonzero(old_labels != new_labels)) if n_moved is None else int(n_moved)
         if m == 0:
             return S
+        moved = moved_points(old_labels, new_labels, m, xp)
         mode = self.pass_mode(m)
         step = self.tile_rows(m, mode)
         cols = self._columns(moved, mode, step)

@@ -170,6 +170,10 @@ class spmatrix:
     def has_canonical_format(self):
         return bool(self._sp.has_canonical_format)
 
+    @has_canonical_format.setter
+    def has_canonical_format(self, value):  # CuPy's flag, settable as in SciPy (True implies sorted indices)
+        self._sp.has_canonical_format = bool(value)
+
     @property
     def has_sorted_indices(self):
         return bool(self._sp.has_sorted_indices)
