@@ -167,8 +167,8 @@ def library_update_cluster_sums(K, S, old_labels, new_labels, weights, xp, n_mov
     dY = xp.zeros((rows.shape[0], S.shape[1]), dtype=xp.float64)  # the padding rows' stay zero
     r = xp.arange(n_moved)
     w = weights[moved]
-    dY[r, new_labels[moved]] += w
-    dY[r, old_labels[moved]] -= w
+    dY[r, new_labels[moved]] = w  # a moved point's old and new clusters differ: two entries per row
+    dY[r, old_labels[moved]] = -w
     S += xp.asarray(rows.T @ dY)
     return S
 
