@@ -5,7 +5,7 @@ A block is one GEMM in the spec's precision mode (:mod:`kkmgpu.kernels.gemm`) an
 points are the right operand, prepared once per set (:meth:`KernelSource.columns`: their 3xTF32 split and squared
 norms) for all the row tiles that use them. The rows' operand is the features of all n points: in "3xtf32" their
 split ``[L | H | H]`` (n x 3 d float32) costs about a dozen elementwise launches and some 150 bytes of device traffic
-per feature value (the stand-in's ledger, 2026-11-27), far more than the GEMM of a few hundred columns that reads
+per feature value (the stand-in's ledger, 2026-11-26), far more than the GEMM of a few hundred columns that reads
 it, so a caller that reads every row many times (CATS: one or two passes per iteration) prepares it once
 (:meth:`KernelSource.prepare_rows`) when it fits the device beside the caller's arrays. Where it does not fit, the
 roofline decides: a split per block pays only from :data:`SPLIT_PER_BLOCK_MIN_COLUMNS` columns on; below, those
