@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kkmgpu.kernels import blocks as _kernels
-from kkmgpu.backend.device import MEMORY_HEADROOM, Backend, InsufficientMemoryError, _format_bytes, work_bytes
+from kkmgpu.backend.device import MEMORY_HEADROOM, InsufficientMemoryError, _format_bytes, work_bytes
 from kkmgpu.engine.lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
 from kkmgpu.engine.sampling import sample_members
 from kkmgpu.engine.source import KernelSource  # noqa: F401  (kkmgpu.engine.sampled.KernelSource, as before)
