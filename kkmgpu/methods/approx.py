@@ -32,7 +32,7 @@ from kkmgpu._result import KernelKMeansResult
 from kkmgpu.backend.device import check_fits
 from kkmgpu.engine.embedding import EmbeddingOperator
 from kkmgpu.engine.lloyd import run_restarts
-from kkmgpu.engine.sampled import KernelSource
+from kkmgpu.engine.source import KernelSource
 from kkmgpu.engine.sampling import d2_sample_distinct
 from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.kernels import spec as _kernel_spec
