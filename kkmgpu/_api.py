@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from kkmgpu import _validation
+from kkmgpu import _degenerate, _validation, _warn
 
 from kkmgpu.kernels import blocks as _kernels
 
@@ -70,7 +70,7 @@ def kernel_matrix(X, Y=None, *, kernel="rbf", gamma=None, degree=3, coef0=None, 
                                                    kernel_params=kernel_params, precision=gemm_precision), dt, False,
                                   center_linear=False)
         ct = _kernel_spec.compute_dtype(dt)
-        _validation.gemm_mode_ran(gemm_precision, spec, backend, dt, X.shape[0], X.shape[1], stacklevel=3)
+        _validation.gemm_mode_ran(gemm_precision, spec, backend, dt, X.shape[0], X.shape[1])
         A = _kernels.prepare_features(X, spec, backend, ct)
         if Y is None:
             B = A
@@ -266,6 +266,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     Returns
     -------
     KernelKMeansResult
+        An objective in [-64 eps sum_i w_i |K_ii|, 0) is rounding of 0 and reported as 0 (eps: the compute dtype's).
 
     Raises
     ------
@@ -335,7 +336,7 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
                                                    kernel_params=kernel_params, precision=gemm_precision), dt,
                                   precomputed)
         n = X.shape[0]
-        mode = _validation.gemm_mode_ran(gemm_precision, spec, backend, dt, n, X.shape[1], stacklevel=4)
+        mode = _validation.gemm_mode_ran(gemm_precision, spec, backend, dt, n, X.shape[1])
         k = _validation.check_k(k, n)
         user_weights = _validation.check_sample_weight(sample_weight, n)
         weights_h, weight_scale = _validation.normalize_weights(user_weights)
@@ -363,14 +364,16 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
         if not _sparse.is_sparse(X):
             _kernels.check_informative(spec, backend, dt, **({"K": X} if precomputed else {"X": X}))
         ctx.t_valid = backend.timer()
-        if _sparse.is_sparse(X) and method != "trimmed":  # a sparse precomputed K is clustered as given
-            result = trimmed.fit_sparse(X, k, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
-                                        method=method, weights_h=weights_h, init=init, n_init=n_init,
-                                        max_iter=max_iter, tol=tol, rng=rng, verbose=verbose,
-                                        keep_on_device=keep_on_device, update=update, params=None,
-                                        t_start=t_start, t_valid=ctx.t_valid)
-        else:
-            result = _methods.METHODS[method].run(ctx, resolved)
+        with _warn.collect() as given:
+            if _sparse.is_sparse(X) and method != "trimmed":  # a sparse precomputed K is clustered as given
+                result = trimmed.fit_sparse(X, k, spec=spec, backend=backend, dt=dt, precomputed=precomputed,
+                                            method=method, weights_h=weights_h, init=init, n_init=n_init,
+                                            max_iter=max_iter, tol=tol, rng=rng, verbose=verbose,
+                                            keep_on_device=keep_on_device, update=update, params=None,
+                                            t_start=t_start, t_valid=ctx.t_valid)
+            else:
+                result = _methods.METHODS[method].run(ctx, resolved)
+        result = _degenerate.checked(result, X, spec, weights_h, k, backend, dt, precomputed, given)
         params = result.method_params or {}  # a method may record the mode its products ran in (CATS's roofline)
         result = dataclasses.replace(result, method_params={**params, "gemm_precision": gemm_precision,
                                                             "gemm_mode": params.get("gemm_mode", mode)})

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.methods import registry as _methods
 from kkmgpu.backend.device import Backend, check_fits, is_cupy_array, work_bytes
@@ -267,9 +267,7 @@ def check_init(init, n, k, n_init):
     if n and (labels.min() < 0 or labels.max() >= k):
         raise ValueError(f"init labels must lie in [0, k={k}); got values in [{labels.min()}, {labels.max()}].")
     if n_init != "auto" and n_init > 1:
-        import warnings
-        warnings.warn(f"n_init={n_init} ignored: explicit initial labels give one deterministic run.",
-                      UserWarning, stacklevel=4)
+        _warn.warn(f"n_init={n_init} ignored: explicit initial labels give one deterministic run.", UserWarning)
     return labels.astype(np.int32), 1
 
 
@@ -375,7 +373,7 @@ def check_engine(engine, *, method, precomputed):
     return engine
 
 
-def check_gemm_precision(gemm_precision, tf32=None, stacklevel=3) -> str:
+def check_gemm_precision(gemm_precision, tf32=None) -> str:
     """The GEMM precision mode from ``gemm_precision`` and the deprecated ``tf32`` (None: not given).
 
     ``tf32=True`` means ``gemm_precision="tf32"`` and ``tf32=False`` leaves ``gemm_precision`` as it is, each
@@ -391,13 +389,12 @@ def check_gemm_precision(gemm_precision, tf32=None, stacklevel=3) -> str:
         raise ValueError(f"tf32=True and gemm_precision={gemm_precision!r} disagree; pass gemm_precision alone "
                          "(tf32 is deprecated).")
     chosen = "tf32" if tf32 else gemm_precision
-    warnings.warn(f"tf32={tf32!r} is deprecated; use gemm_precision={chosen!r} (one of "
-                  f"{', '.join(map(repr, _gemm.PRECISIONS))}; default {_gemm.DEFAULT_PRECISION!r}).", FutureWarning,
-                  stacklevel=stacklevel)
+    _warn.warn(f"tf32={tf32!r} is deprecated; use gemm_precision={chosen!r} (one of "
+               f"{', '.join(map(repr, _gemm.PRECISIONS))}; default {_gemm.DEFAULT_PRECISION!r}).", FutureWarning)
     return chosen
 
 
-def gemm_mode_ran(gemm_precision, spec, backend: Backend, dtype, n: int, d: int, stacklevel=3, subject=None):
+def gemm_mode_ran(gemm_precision, spec, backend: Backend, dtype, n: int, d: int, subject=None):
     """The GEMM mode a fit's kernel products run in (None without products: precomputed or callable kernels); a
     UserWarning when an explicit mode other than the default has no effect there (``subject``: what the warning
     names as having no products, by default ``kernel=<spec's name>``)."""
@@ -417,5 +414,5 @@ def gemm_mode_ran(gemm_precision, spec, backend: Backend, dtype, n: int, d: int,
     else:
         why = (f"a product with a side below {_gemm.MIN_TENSOR_CORE_SIDE} (here n={n}, d={d}) is memory-bound and "
                "runs in plain float32")
-    warnings.warn(f"gemm_precision={gemm_precision!r} has no effect: {why}.", UserWarning, stacklevel=stacklevel)
+    _warn.warn(f"gemm_precision={gemm_precision!r} has no effect: {why}.", UserWarning)
     return mode

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from kkmgpu import _progress
+from kkmgpu import _progress, _warn
 from kkmgpu._progress import progress_bar
 from kkmgpu.backend.device import work_bytes
 
@@ -407,15 +406,10 @@ def _restarts(operator, k, init, n_init, max_iter, tol, rng, verbose, update, ba
 
 
 def _finish_restarts(best, runs, init_seconds, k, max_iter, tol):
-    """The warnings of :func:`run_restarts` (stacklevel: the caller of the public function that ran it)."""
+    """The warnings of :func:`run_restarts`, attributed to the user's line."""
     if not best.converged:
-        warnings.warn(f"kernel k-means did not converge in max_iter={max_iter} iterations "
-                      f"(last relative objective change above tol={tol:g}); increase max_iter.",
-                      ConvergenceWarning, stacklevel=4)
+        _warn.warn(f"kernel k-means did not converge in max_iter={max_iter} iterations "
+                   f"(last relative objective change above tol={tol:g}); increase max_iter.", ConvergenceWarning)
     if best.n_distinct < k:
-        warnings.warn(f"Number of distinct clusters ({best.n_distinct}) found smaller than "
-                      f"n_clusters ({k}): their centres coincide in feature space. Possibly due to duplicate "
-                      "points in X, or to a kernel that does not separate the points (numerically constant on "
-                      "these data, e.g. an rbf or laplacian gamma far too small: see UninformativeKernelWarning).",
-                      ConvergenceWarning, stacklevel=4)
+        _warn.fewer_distinct(best.n_distinct, k, ConvergenceWarning)
     return best, runs, init_seconds

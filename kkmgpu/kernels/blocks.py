@@ -12,11 +12,11 @@ the rows' per tile, each within the memory guard.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import replace
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu.backend.device import Backend, check_fits, work_bytes
 
 from kkmgpu.kernels import gemm as _gemm
@@ -349,7 +349,7 @@ def _judge_informative(spec, storage, rows, block, diag, X):
         message += f" {advice[0].upper()}{advice[1:]}."
     if storage != np.float64:
         message += " dtype='float64' may also resolve it."
-    warnings.warn(message, UninformativeKernelWarning, stacklevel=4)
+    _warn.warn(message, UninformativeKernelWarning)
     return "identity" if identity else "constant"
 
 

@@ -43,11 +43,11 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu.kernels.gemm import DEFAULT_PRECISION, check_precision
 
 
@@ -346,9 +346,9 @@ def _warn_offset(spec, spread, mean, compute):
         return
     lost = mean_sq / spread * float(np.finfo(compute).eps) if spread > 0 else math.inf
     if lost > 1e-3:
-        warnings.warn(
+        _warn.warn(
             f"{spec.describe()} is not translation invariant and X's mean (norm {math.sqrt(mean_sq):.3g}) is large "
             f"against its spread (total standard deviation {math.sqrt(spread):.3g}): in {compute.name} the inner "
             f"products <x, y> keep about {max(0.0, -math.log10(lost)):.1f} significant digits of what differs "
             "between points. Centre X first (or use dtype='float64') unless the offset is meant to matter.",
-            PrecisionWarning, stacklevel=4)
+            PrecisionWarning)

@@ -162,7 +162,7 @@ def _warn_without_effect(X, affinity, gemm_precision, device, dtype, n):
     d = 0 if affinity == "precomputed" else _validation.as_array(X).shape[1]
     spec = KernelSpec("precomputed" if affinity == "precomputed" else "linear", precision=gemm_precision)
     _validation.gemm_mode_ran(gemm_precision, spec, resolve_device(device, (X,)), _validation.check_dtype(dtype),
-                              n, d, stacklevel=5, subject=f"affinity={affinity!r}")
+                              n, d, subject=f"affinity={affinity!r}")
 
 
 # --- the kernel ------------------------------------------------------------------------------------------------

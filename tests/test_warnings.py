@@ -1,0 +1,111 @@
+"""Warnings during a fit: one text for fewer distinct points than clusters on every method, objectives that round
+below 0 reported as 0, and every warning attributed to the caller's line (issue 27)."""
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import kkmgpu
+from kkmgpu._degenerate import ROUNDING
+
+DISTINCT_TEXT = r"Number of distinct clusters \(3\) found smaller than n_clusters \(5\)"
+
+CASES = {  # method and extra fit arguments
+    "exact": ("exact", {}),
+    "exact-tiled": ("exact", {"engine": "tiled"}),
+    "cats": ("cats", {}),
+    "eigen": ("eigen", {}),
+    "approx": ("approx", {}),
+    "trimmed": ("trimmed", {}),
+}
+
+
+def _reference_objective(X, labels, weights):
+    """Float64 kernel k-means objective of the labels with the linear kernel: sum_i w_i ||x_i - m_c||^2."""
+    total = 0.0
+    for c in np.unique(labels):
+        members = labels == c
+        w = weights[members]
+        centre = (w[:, None] * X[members]).sum(axis=0) / w.sum()
+        total += float((w * ((X[members] - centre) ** 2).sum(axis=1)).sum())
+    return total
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fewer_distinct_points_than_k_warn_alike_and_the_objective_is_not_negative(backend, case):
+    """Three distinct points, k=5, float32: every method gives the same warning once, at the caller's line, and
+    an objective that is not below 0 (exact: within rounding of the float64 objective of its labels, which is
+    that of identical points, 0 up to the split)."""
+    method, extra = CASES[case]
+    rng = np.random.default_rng(27)
+    X = np.repeat(rng.normal(size=(3, 5)), 30, axis=0)  # seed 0 of this shape gave -1.4e-5 before (exact, linear)
+    weights = rng.uniform(0.5, 2.0, X.shape[0])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = kkmgpu.fit(X, 5, method=method, kernel="linear", dtype="float32", sample_weight=weights,
+                            random_state=0, n_init=2, device=backend, **extra)
+    distinct = [w for w in caught if issubclass(w.category, kkmgpu.ConvergenceWarning)
+                and "distinct clusters" in str(w.message)]
+    assert len(distinct) == 1, [str(w.message) for w in caught]
+    assert distinct[0].filename == __file__
+    assert re.match(DISTINCT_TEXT, str(distinct[0].message))
+    assert result.objective >= 0 and np.all(np.asarray(result.objectives) >= 0)
+    assert np.all(np.asarray(result.objective_history) >= 0)
+    if method == "exact":
+        labels = np.asarray(result.labels.get() if hasattr(result.labels, "get") else result.labels)
+        scale = float((weights * ((X - np.average(X, axis=0, weights=weights)) ** 2).sum(axis=1)).sum())
+        reference = _reference_objective(X, labels, weights)
+        assert abs(result.objective - reference) <= ROUNDING * np.finfo(np.float32).eps * scale
+
+
+def test_a_negative_objective_beyond_rounding_is_kept():
+    """The clamp is for rounding only: a precomputed K that is not PSD (ones off the diagonal, about 0 on it)
+    keeps its objective, far below 0."""
+    rng = np.random.default_rng(5)
+    noise = rng.uniform(-0.1, 0.1, (60, 60))
+    K = np.ones((60, 60)) - np.eye(60) + (noise + noise.T) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = kkmgpu.fit(K, 3, kernel="precomputed", dtype="float64", device="cpu", random_state=0)
+    labels = np.asarray(result.labels)
+    reference = float(np.trace(K)) - sum(float(K[np.ix_(labels == c, labels == c)].sum()) / np.sum(labels == c)
+                                         for c in np.unique(labels))
+    assert reference < -ROUNDING * np.finfo(np.float64).eps * np.abs(np.diag(K)).sum()  # the case is one
+    assert result.objective == pytest.approx(reference, rel=1e-9)
+
+
+def _blobs(rng, n=90):
+    centres = rng.normal(scale=6.0, size=(3, 2))
+    return np.repeat(centres, n // 3, axis=0) + rng.normal(size=(n, 2))
+
+
+TRIGGERS = {  # a fit call and the warning it must give
+    "not converged": (lambda X, dev: kkmgpu.fit(X, 3, max_iter=1, init="random", random_state=1, device=dev),
+                      kkmgpu.ConvergenceWarning),
+    "uninformative kernel": (lambda X, dev: kkmgpu.fit(X, 3, kernel="rbf", gamma=1e-30, random_state=0, device=dev),
+                             kkmgpu.UninformativeKernelWarning),
+    "offset precision": (lambda X, dev: kkmgpu.fit(X + 1e6, 3, kernel="polynomial", gamma=1e-12, random_state=0,
+                                                   device=dev), kkmgpu.PrecisionWarning),
+    "n_init ignored": (lambda X, dev: kkmgpu.fit(X, 3, init=np.arange(len(X)) % 3, n_init=5, device=dev),
+                       UserWarning),
+    "gemm_precision without effect": (lambda X, dev: kkmgpu.fit(X, 3, gemm_precision="tf32", random_state=0,
+                                                                device=dev), UserWarning),
+    "tf32 deprecated": (lambda X, dev: kkmgpu.fit(X, 3, tf32=False, random_state=0, device=dev), FutureWarning),
+    "fewer distinct points": (lambda X, dev: kkmgpu.fit(X[:3].repeat(10, axis=0), 5, method="cats", random_state=0,
+                                                        device=dev), kkmgpu.ConvergenceWarning),
+    "estimator": (lambda X, dev: kkmgpu.KernelKMeans(3, max_iter=1, init="random", random_state=1,
+                                                     device=dev).fit(X), kkmgpu.ConvergenceWarning),
+}
+
+
+@pytest.mark.parametrize("trigger", list(TRIGGERS))
+def test_warnings_point_at_the_callers_line(backend, trigger):
+    call, category = TRIGGERS[trigger]
+    X = _blobs(np.random.default_rng(3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call(X, backend)
+    assert any(issubclass(w.category, category) for w in caught), [str(w.message) for w in caught]
+    assert [(w.filename, str(w.message)) for w in caught if w.filename != __file__] == []
