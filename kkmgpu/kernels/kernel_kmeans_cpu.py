@@ -165,6 +165,12 @@ def _segment_sums(K, table, rows, seg_starts, seg_clusters, coeffs, width, S):
                 S[c0 + t, c] += acc[t]
 
 
+def _strip_width(n: int) -> int:
+    """Columns per thread's strip of K in the cluster-sum passes: 1024 (4 KiB runs of a float32 row), narrower
+    for small n so that every thread gets a strip."""
+    return int(min(1024, max(64, 16 * -(-n // (16 * numba.get_num_threads())))))
+
+
 def segment_sums(K, rows, clusters, coeffs, S):
     """In place: S[i, clusters[p]] += coeffs[p] * K[rows[p], i] for a symmetric K (n, n).
 
@@ -186,10 +192,7 @@ def segment_sums(K, rows, clusters, coeffs, S):
     bounds = np.flatnonzero(np.diff(clusters)) + 1
     seg_starts = np.concatenate(([0], bounds, [n_entries])).astype(np.int64)
     seg_clusters = np.ascontiguousarray(clusters[seg_starts[:-1]], dtype=np.int64)
-    # strips of 1024 columns (4 KiB runs of a float32 row); narrower for small n so that every
-    # thread gets a strip
-    threads = numba.get_num_threads()
-    width = int(min(1024, max(64, 16 * -(-K.shape[0] // (16 * threads)))))
+    width = _strip_width(K.shape[0])
     values, table = _storage_view(K)
     _segment_sums(values, table, np.ascontiguousarray(rows, dtype=np.int64), seg_starts, seg_clusters,
                   np.asarray(coeffs, dtype=table.dtype), width, S)
@@ -238,8 +241,7 @@ def moved_sums(K, rows, coeffs, src, dst, S):
     dst = np.ascontiguousarray(dst, dtype=np.int32)
     bounds = np.flatnonzero((np.diff(src) != 0) | (np.diff(dst) != 0)) + 1
     run_starts = np.concatenate(([0], bounds, [m])).astype(np.int64)
-    threads = numba.get_num_threads()
-    width = int(min(1024, max(64, 16 * -(-K.shape[0] // (16 * threads)))))
+    width = _strip_width(K.shape[0])
     values, table = _storage_view(K)
     _moved_sums(values, table, np.ascontiguousarray(rows, dtype=np.int64), run_starts, src, dst,
                 np.asarray(coeffs, dtype=table.dtype), width, S)
