@@ -220,3 +220,47 @@ def test_a_registered_method_is_reached_through_fit(monkeypatch):
     np.testing.assert_array_equal(kkmgpu.predict(result, X[:30]), reference.labels[:30])  # its predict too
     with pytest.raises(ValueError, match=r"method='nope' is not available; use one of \['exact', 'cats'"):
         kkmgpu.fit(X, 2, method="nope", device="cpu")
+
+
+HEAVY_DEPENDENCIES = ("numba", "scipy", "sklearn", "dask", "cupy", "cupyx")
+
+
+def test_import_loads_no_heavy_dependency():
+    """``import kkmgpu`` loads none of numba, SciPy, scikit-learn, dask or CuPy (issue 27 point 7): the public
+    names resolve on first use (PEP 562), so the import itself stays cheap."""
+    proc = run_python(
+        "import sys, kkmgpu\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY_DEPENDENCIES!r})))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_lazy_names_resolve_to_their_definitions():
+    """Every name of ``kkmgpu.__all__`` resolves in a fresh interpreter, by attribute and by ``from kkmgpu import``,
+    to the object its defining module holds; ``dir`` lists them; an unknown name is still an AttributeError."""
+    proc = run_python(
+        "import importlib, inspect, kkmgpu\n"
+        "from kkmgpu import fit, KernelKMeans, metrics, datasets\n"
+        "assert fit is kkmgpu.fit and KernelKMeans is kkmgpu.KernelKMeans\n"
+        "assert inspect.ismodule(metrics) and metrics is importlib.import_module('kkmgpu.metrics')\n"
+        "assert datasets is importlib.import_module('kkmgpu.datasets')\n"
+        "assert set(kkmgpu.__all__) <= set(dir(kkmgpu))\n"
+        "for name in kkmgpu.__all__:\n"
+        "    value = getattr(kkmgpu, name)\n"
+        "    home = getattr(value, '__module__', None)\n"
+        "    if home is not None and not inspect.ismodule(value):\n"
+        "        assert getattr(importlib.import_module(home), value.__name__) is value, name\n"
+        "ns = {}\n"
+        "exec('from kkmgpu import *', ns)\n"
+        "assert set(kkmgpu.__all__) <= set(ns), set(kkmgpu.__all__) - set(ns)\n"
+        "try:\n"
+        "    kkmgpu.no_such_name\n"
+        "except AttributeError as error:\n"
+        "    assert 'no_such_name' in str(error)\n"
+        "else:\n"
+        "    raise AssertionError('kkmgpu.no_such_name resolved')\n"
+        "print('ok')"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
