@@ -506,3 +506,47 @@ def test_runner_sets_preload_and_options():
     assert bad.returncode == 2 and "unknown sanitizer" in bad.stderr
     assert run("--", sys.executable, "-c", "import os, sys; sys.exit(7 if 'CUDACPU_SANITIZE' not in os.environ "
                "else 0)").returncode == 7  # exec'ed: the command's own exit status
+
+
+# ---- issue 27: assign_labels' per-cluster counts made non-atomic ------------------------------------------------------
+def _assign_labels_text(source):
+    match = re.search(r"template <typename T>\n__global__ void assign_labels\(.*?\n}\n", source, re.S)
+    assert match, "assign_labels not found"
+    return match.group(0)
+
+
+def test_planted_racy_counts_is_the_real_assign_labels_but_one_line():
+    """racy_counts.cu must stay a copy of kernels_cuda/kernel_kmeans.cu's assign_labels with only the count's atomic
+    removed, so that what TSan reports on it is what it would report on that mutant of the real kernel."""
+    from kkmgpu.kernels import kernel_kmeans_cuda as _gpu_kernels
+    real = _assign_labels_text(_gpu_kernels.cuda_source())
+    planted = _assign_labels_text(_source("racy_counts.cu"))
+    lines = [(a, b) for a, b in zip(real.splitlines(), planted.splitlines()) if a != b]
+    assert len(real.splitlines()) == len(planted.splitlines()), "racy_counts.cu is out of date with kernel_kmeans.cu"
+    assert [(a.strip(), b.split("//")[0].strip()) for a, b in lines] == [
+        ("atomicAdd(&stats[1 + best], 1ULL);", "stats[1 + best] += 1ULL;")], lines
+
+
+@pytest.mark.parametrize("schedule,seed", [("forward", None), ("reverse", None), ("random", 3)])
+def test_non_atomic_cluster_counts_are_right_in_plain_runs(prebuilt, schedule, seed):
+    """Blocks one after another, threads switching only at barriers: no schedule loses a count of the planted
+    assign_labels (so the schedules cannot see this race; ThreadSanitizer, below, must)."""
+    rng = np.random.default_rng(22)
+    n, k = 1000, 3
+    S, diag, inv, offset, labels = drive.racy_counts_inputs(rng, n, k)
+    new, dist, stats = np.empty(n, np.int32), np.empty(n), np.zeros(1 + k, np.uint64)
+    _module("racy_counts.cu", ("assign_labels<double>",)).get_function("assign_labels<double>")(
+        (4,), (64,), (S, diag, inv, offset, labels, new, dist, stats, np.int64(n), np.int32(k)), schedule=schedule,
+        seed=seed)
+    d = diag[:, None] - 2 * S * inv + offset
+    np.testing.assert_array_equal(new, d.argmin(1))
+    np.testing.assert_array_equal(stats, [(new != labels).sum(), *np.bincount(new, minlength=k)])
+
+
+def test_non_atomic_cluster_counts_are_a_data_race_for_threadsanitizer(prebuilt):
+    _require_runtime("tsan")
+    rc, out = run_case("racy_counts", sanitize="thread")
+    assert rc == 66, out
+    assert "WARNING: ThreadSanitizer: data race" in out
+    assert re.search(r"assign_labels.*racy_counts\.cu:28", out), out
+    assert not re.search(r"racy_counts\.cu:27\b", out), "the atomic move count reported as a race"

@@ -5,7 +5,8 @@
 
 Cases: ``reference`` (every kernel of reference.cu against NumPy), ``real`` (every kernel of kernels_cuda/*.cu,
 every instantiation kkmgpu asks for, on small inputs against float64 NumPy formulas), and the planted bugs
-``oob``, ``shared_overrun``, ``overflow``, ``misaligned``, ``missing_barrier``, ``racy``, ``divergent``. A planted case that runs to its end
+``oob``, ``shared_overrun``, ``overflow``, ``misaligned``, ``missing_barrier``, ``racy``, ``racy_counts``,
+``divergent``. A planted case that runs to its end
 prints ``NOT CAUGHT`` and exits 3; the sanitizer is expected to stop the process first. ``reference`` and
 ``real`` print ``OK`` and exit 0, or the mismatches and exit 1.
 """
@@ -306,6 +307,14 @@ def real_case(checks):
 
 
 # ---- planted bugs ------------------------------------------------------------------------------------------------
+def racy_counts_inputs(rng, n, k):
+    """(S, diag, inv_size, offset, labels) for assign_labels on n points and k nonempty clusters."""
+    import numpy as np
+    sizes = rng.uniform(20, 25, k)  # similar sizes and small offsets: every cluster takes about n / k points
+    return (rng.random((n, k)) * 5, rng.random(n) + 1, 1 / sizes, 0.01 * rng.random(k),
+            rng.integers(0, k, n).astype(np.int32))
+
+
 def planted_case(name):
     import numpy as np
     rng = np.random.default_rng(5)
@@ -329,6 +338,13 @@ def planted_case(name):
         total = np.zeros(1)
         module("racy_accumulate.cu").get_function("racy_total")((4,), (64,), (x, total, np.int64(x.size)))
         print("total", total[0], "expected", x.sum())
+    elif name == "racy_counts":
+        n, k, stats = 1000, 3, np.zeros(4, np.uint64)
+        S, diag, inv, offset, labels = racy_counts_inputs(rng, n, k)
+        module("racy_counts.cu", ("assign_labels<double>",)).get_function("assign_labels<double>")(
+            (4,), (64,), (S, diag, inv, offset, labels, np.empty(n, np.int32), np.empty(n), stats, np.int64(n),
+                          np.int32(k)))
+        print("counts", stats[1:], "expected", n)
     elif name == "overflow":
         n = 1000
         x = rng.random(n).astype(np.float32)
