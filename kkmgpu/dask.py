@@ -236,7 +236,7 @@ random_state, verbose, update, gemm_precision
             lambda labels0, restart: _cats.iterate(
                 passes, weights_h, k, labels0, l=cats_params["l"], max_iter=max_iter, window=cats_params["window"],
                 theta=cats_params["theta"], rcond=cats_params["rcond"], rng=rng, verbose=verbose, restart=restart),
-            n_init, max_iter, stacklevel=3)
+            n_init, max_iter)
         runs = [dict(objective=r.objective, seconds=r.seconds) for r in cats_runs]
         best = dict(labels=cats_run.labels, objective=cats_run.objective, history=cats_run.history,
                     n_iter=cats_run.n_iter, converged=cats_run.converged, sizes=cats_run.sizes,

@@ -109,3 +109,28 @@ def test_warnings_point_at_the_callers_line(backend, trigger):
         call(X, backend)
     assert any(issubclass(w.category, category) for w in caught), [str(w.message) for w in caught]
     assert [(w.filename, str(w.message)) for w in caught if w.filename != __file__] == []
+
+
+ENGINE_TRIGGERS = {  # warnings raised deep in kkmgpu.engine (sampled.py, embedding.py), and the text that names them
+    "cats not converged": (lambda X, dev: kkmgpu.fit(X, 3, method="cats", max_iter=1, theta=0.0, init="random",
+                                                     random_state=1, device=dev),
+                           kkmgpu.ConvergenceWarning, "CATS did not meet its stopping rule"),
+    "eigen negative eigenvalues": (lambda X, dev: kkmgpu.fit(X, 3, method="eigen", kernel="sigmoid", gamma=0.05,
+                                                             coef0=1.0, random_state=0, device=dev),
+                                   UserWarning, "negative eigenvalues"),
+}
+
+
+@pytest.mark.parametrize("trigger", list(ENGINE_TRIGGERS))
+def test_engine_warnings_point_at_the_callers_line(backend, trigger):
+    """CATS's convergence warning and the eigen route's negative-eigenvalue warning are given, and attributed to
+    this file (kkmgpu._warn.warn), not to kkmgpu/engine."""
+    call, category, text = ENGINE_TRIGGERS[trigger]
+    X = _blobs(np.random.default_rng(4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call(X, backend)
+    given = [w for w in caught if issubclass(w.category, category) and text in str(w.message)]
+    assert given, [str(w.message) for w in caught]
+    assert [w.filename for w in given] == [__file__] * len(given)
+

@@ -23,10 +23,10 @@ back the training rows of A for training points.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu.backend.device import Backend, check_fits, import_cupyx
 
 #: ``n_components=None`` decomposes K fully up to this many points ...
@@ -149,12 +149,12 @@ def embed(K, r, backend: Backend, rng, *, verbose=False):
                          f"{diagnostics['largest_eigenvalue']:.3g}); the eigendecomposition route needs a "
                          "kernel with a positive semidefinite part.")
     if diagnostics["negative_fraction"] > MATERIAL_NEGATIVE_FRACTION:
-        warnings.warn(
+        _warn.warn(
             f"the kernel matrix has {diagnostics['n_negative_eigenvalues']} negative eigenvalues of total "
             f"magnitude {negative_mass:.4g} ({100 * diagnostics['negative_fraction']:.2g}% of sum |lambda|); "
             "they were clipped to 0, so method='eigen' minimises the objective of the nearest positive "
             "semidefinite matrix, not of K (is the kernel positive semidefinite?).",
-            UserWarning, stacklevel=4)
+            UserWarning)
     index = backend.asarray(np.flatnonzero(keep))
     V = xp.ascontiguousarray(V[:, index])
     A = V * backend.asarray(np.sqrt(positive), dtype=V.dtype)[None, :]

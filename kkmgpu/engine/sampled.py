@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.backend.device import MEMORY_HEADROOM, InsufficientMemoryError, _format_bytes, work_bytes
 from kkmgpu.engine.lloyd import ConvergenceWarning, initial_labels, refill_empty_clusters
@@ -460,10 +460,10 @@ def cats(source: KernelSource, weights_h, k, init_labels, *, l, max_iter, window
                    rcond=rcond, rng=rng, verbose=verbose, restart=restart, callback=callback)
 
 
-def restarts(make_labels, run, n_init, max_iter, stacklevel=4):
+def restarts(make_labels, run, n_init, max_iter):
     """CATS from ``n_init`` initialisations (``make_labels()`` draws one, ``run(labels0, restart)`` iterates):
     the lowest final approximate distortion wins. Returns (best, runs, seconds spent initialising); the
-    warning's ``stacklevel`` counts from here."""
+    warning points at the caller's line (:func:`kkmgpu._warn.warn`)."""
     best, runs, init_seconds = None, [], 0.0
     for r in range(n_init):
         t0 = time.perf_counter()
@@ -474,8 +474,8 @@ def restarts(make_labels, run, n_init, max_iter, stacklevel=4):
         if best is None or result.objective < best.objective:
             best = result
     if not best.converged:
-        warnings.warn(f"CATS did not meet its stopping rule in max_iter={max_iter} iterations; increase "
-                      "max_iter or theta.", ConvergenceWarning, stacklevel=stacklevel)
+        _warn.warn(f"CATS did not meet its stopping rule in max_iter={max_iter} iterations; increase "
+                   "max_iter or theta.", ConvergenceWarning)
     return best, runs, init_seconds
 
 
