@@ -1,0 +1,345 @@
+"""Tests written to kill the kinds of mutant of the core numerics that survived the suite (issue 27, point 8).
+
+Each test holds the library to an independent float64 formula; each was checked against a hand-made copy of the
+mutant it is named for (docs/mutation-testing.md lists them):
+
+- the laplacian kernel's feature scale absorbed by gamma as scale, not scale^2 (its distance is not squared);
+- the dense symmetry check's tolerance relative to max |K| (K scaled by 1e+-30 in float32, 1e+-200 in float64);
+- the empty-cluster refill when an assignment step leaves a cluster with only zero-weight points;
+- float16 storage decoded with its sign (negative kernel values) in the cluster sums;
+- the one-step check's rounding margin in the critical-bandwidth walk, limited and full;
+- the distance epilogues' clamp of squared distances that round below 0 (tiled engine and dense blocks).
+
+assign_labels' per-cluster counts made non-atomic is a planted bug of the CUDA-on-CPU harness
+(tests/cuda_planted/racy_counts.cu, tests/test_cudacpu.py).
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import kkmgpu
+from kkmgpu import _validation
+from kkmgpu.backend import device as _backend
+from kkmgpu.bandwidth import offgrid as _offgrid
+from kkmgpu.engine.dense import DenseKernelOperator
+from kkmgpu.engine.tiled import tiled_ops
+from kkmgpu.kernels import spec as _kernel_spec
+from kkmgpu.kernels.epilogue_codes import EPILOGUE_CODES
+
+
+def host(a):
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def quiet_fit(X, k, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
+        return kkmgpu.fit(X, k, **kwargs)
+
+
+def distances(X):
+    """||x_i - x_j|| in float64, from the differences (not the GEMM form)."""
+    X = np.asarray(X, dtype=np.float64)
+    return np.sqrt(((X[:, None, :] - X[None, :, :]) ** 2).sum(-1))
+
+
+# --------------------------------------------------------------------------- laplacian kernel, scaled features
+
+
+@pytest.mark.parametrize("dtype,scale", [("float32", 1e20), ("float32", 1e-25), ("float64", 1e170),
+                                         ("float64", 1e-170)])
+def test_laplacian_absorbs_a_feature_scale_once(device, dtype, scale):
+    """K of (X * s) with gamma / s is K of X with gamma: exp(-gamma ||x - y||) is invariant, and the internal
+    power-of-two rescaling of features that leave the precision's range must divide gamma's argument by the
+    scale, not its square (the rbf's rule)."""
+    rng = np.random.default_rng(271)
+    X = rng.normal(size=(40, 3))
+    gamma = 0.7
+    reference = np.exp(-gamma * distances(X))
+    Xs = X * scale
+    # the data are out of range on purpose: the spec rescales their features (else the test would not test that)
+    spec = _kernel_spec.with_center(_kernel_spec.resolve_kernel("laplacian", gamma=gamma / scale, X=Xs), Xs, np,
+                                    np.dtype(dtype))
+    assert spec.scale != 1.0
+    K = host(kkmgpu.kernel_matrix(Xs, kernel="laplacian", gamma=gamma / scale, dtype=dtype, device=device))
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(K, reference, rtol=0, atol=tol)
+    unscaled = host(kkmgpu.kernel_matrix(X, kernel="laplacian", gamma=gamma, dtype=dtype, device=device))
+    np.testing.assert_allclose(K, unscaled, rtol=0, atol=tol)
+    # and a fit from the same start gives the labels of the unscaled data
+    init = rng.integers(0, 3, len(X))
+    a = quiet_fit(Xs, 3, kernel="laplacian", gamma=gamma / scale, dtype=dtype, device=device, init=init, tol=0.0)
+    b = quiet_fit(X, 3, kernel="laplacian", gamma=gamma, dtype=dtype, device=device, init=init, tol=0.0)
+    np.testing.assert_array_equal(host(a.labels), host(b.labels))
+
+
+# --------------------------------------------------------------------------- dense symmetry check
+
+
+def symmetric_case(rng, n, dtype, scale, sign):
+    """A symmetric K (values of both signs, max |K| on the side ``sign``) times ``scale``, and a copy whose upper
+    triangle is off by two units in the last place (what a float kernel computed twice may differ by)."""
+    X = rng.normal(size=(n, 3))
+    base = np.exp(-distances(X) ** 2 / 4) - 0.3
+    K = (sign * base * scale).astype(dtype)
+    iu = np.triu_indices(n, 1)
+    eps = float(np.finfo(dtype).eps)
+    rounded = K.copy()
+    rounded[iu] = (K[iu].astype(np.float64) * (1 + 2 * eps * rng.choice([-1.0, 1.0], iu[0].size))).astype(dtype)
+    return K, rounded
+
+
+@pytest.mark.parametrize("dtype,scale", [(np.float32, 1e-30), (np.float32, 1e30), (np.float64, 1e-200),
+                                         (np.float64, 1e200)])
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["max-positive", "max-negative"])
+def test_symmetry_check_is_relative_to_max_abs_K(device, dtype, scale, sign):
+    """Rounding-level asymmetry is accepted and a 1e-3 relative asymmetry refused, at any scale of K and whichever
+    sign its largest magnitude has."""
+    rng = np.random.default_rng(272)
+    backend = _backend.resolve_device(device)
+    n = 50
+    K, rounded = symmetric_case(rng, n, dtype, scale, sign)
+    largest = float(np.abs(K.astype(np.float64)).max())
+    assert _validation.check_symmetric(backend.asarray(rounded), backend) == pytest.approx(largest, rel=1e-6)
+    asymmetric = rounded.copy()
+    asymmetric[3, 17] += dtype(1e-3 * largest * sign)
+    with pytest.raises(ValueError, match=r"not a symmetric kernel matrix \(max \|K - K.T\| = .* \* max\|K\|\)"):
+        _validation.check_symmetric(backend.asarray(asymmetric), backend)
+    # small tiles: the maximum and the differences are gathered over several of them
+    assert _validation.check_symmetric(backend.asarray(rounded), backend, block=7) == pytest.approx(largest, rel=1e-6)
+    with pytest.raises(ValueError, match="not a symmetric kernel matrix"):
+        _validation.check_symmetric(backend.asarray(asymmetric), backend, block=7)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e30])
+def test_precomputed_fit_accepts_rounding_asymmetry_at_any_scale(device, scale):
+    rng = np.random.default_rng(273)
+    K, rounded = symmetric_case(rng, 40, np.float32, scale, 1.0)
+    result = quiet_fit(rounded, 3, kernel="precomputed", device=device, random_state=0)
+    reference = quiet_fit(K / np.float32(scale), 3, kernel="precomputed", device=device, random_state=0)
+    np.testing.assert_array_equal(host(result.labels), host(reference.labels))
+    asymmetric = rounded.copy()
+    asymmetric[5, 2] *= np.float32(1.01)
+    with pytest.raises(ValueError, match="not a symmetric kernel matrix"):
+        quiet_fit(asymmetric, 3, kernel="precomputed", device=device, random_state=0)
+
+
+# --------------------------------------------------------------------------- refill of a cluster of zero weights
+
+
+def one_step_with_refill(K, labels, w, k):
+    """Labels after one assignment step (Eq. 4, float64, ties to the lowest index) and the documented refill: a
+    cluster without positive-weight points is empty; empty clusters, in increasing index, each take the
+    positive-weight point farthest from its centre whose cluster keeps a positive-weight point."""
+    n = len(labels)
+    dist = np.full((n, k), np.inf)
+    for c in range(k):
+        members = labels == c
+        size = w[members].sum()
+        if size > 0:
+            S = K[:, members] @ w[members]
+            dist[:, c] = np.diag(K) - 2 * S / size + w[members] @ S[members] / size ** 2
+    new = dist.argmin(axis=1)
+    far = dist[np.arange(n), new]
+    positive = w > 0
+    for c in range(k):
+        if (positive & (new == c)).any():
+            continue
+        keeps = np.array([positive[i] and (positive & (new == new[i])).sum() >= 2 for i in range(n)])
+        candidates = np.flatnonzero(keeps)
+        p = candidates[np.argmax(far[candidates])]
+        new[p] = c
+    return new
+
+
+def test_refill_when_a_step_leaves_only_zero_weight_points_in_a_cluster(device):
+    """Cluster 2 starts with two positive-weight points at the ends of a line and zero-weight points at its middle,
+    its centre: the step sends the two to clusters 0 and 1 while the zero-weight points stay. Cluster 2 then holds
+    no weight and is empty: the refill must give it a positive-weight point in that same step."""
+    rng = np.random.default_rng(274)
+    X = np.r_[rng.normal(0.0, 0.3, 10), rng.normal(10.0, 0.3, 10), [0.2, 9.8], 5.0 + 0.01 * rng.normal(size=3)]
+    X = X[:, None]
+    labels = np.r_[np.zeros(10, int), np.ones(10, int), [2, 2, 2, 2, 2]]
+    w = np.r_[rng.uniform(0.5, 2.0, 22), np.zeros(3)]
+    K = X @ X.T
+    expected = one_step_with_refill(K, labels, w, 3)
+    plain = np.argmin([[(x - X[(labels == c) & (w > 0)].T @ w[(labels == c) & (w > 0)] / w[labels == c].sum()) ** 2
+                        for c in range(3)] for x in X[:, 0]], axis=1)
+    assert (plain[w > 0] != 2).all() and (plain[w == 0] == 2).all()  # the step empties cluster 2 of weight
+    one = quiet_fit(X, 3, kernel="linear", init=labels, sample_weight=w, dtype="float64", device=device,
+                    max_iter=1, tol=0.0)
+    np.testing.assert_array_equal(host(one.labels), expected)
+    assert np.bincount(expected[w > 0], minlength=3).min() > 0
+    full = quiet_fit(X, 3, kernel="linear", init=labels, sample_weight=w, dtype="float64", device=device, tol=0.0)
+    assert np.bincount(host(full.labels)[w > 0], minlength=3).min() > 0
+
+
+# --------------------------------------------------------------------------- float16 storage, negative values
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "centred-linear"])
+def test_float16_negative_values_decode_with_their_sign(device, kind):
+    """Cluster sums over float16 K (full pass and incremental update) equal the float64 sums of the float16 values,
+    the negative ones included."""
+    rng = np.random.default_rng(275)
+    n, k = 300, 4
+    X = rng.normal(size=(n, 5))
+    if kind == "sigmoid":
+        K = np.tanh(0.3 * X @ X.T - 0.5)
+    else:
+        Xc = X - X.mean(0)
+        K = Xc @ Xc.T / 8
+    K16 = K.astype(np.float16)
+    assert (K16 < 0).mean() > 0.3 and np.isfinite(K16).all()
+    K64 = K16.astype(np.float64)
+    w = rng.uniform(0.5, 2.0, n)
+    backend = _backend.resolve_device(device)
+    op = DenseKernelOperator(backend.asarray(K16), backend.asarray(w), backend)
+    labels = rng.integers(0, k, n).astype(np.int32)
+
+    def reference(lab):
+        Y = np.zeros((n, k))
+        Y[np.arange(n), lab] = w
+        return K64 @ Y
+
+    # partial sums run in float32 over blocks of rows: about 1e-7 of the sum of |terms|
+    atol = 1e-6 * (np.abs(K64) @ w).max()
+    S = op.cluster_sums(backend.asarray(labels), k)
+    np.testing.assert_allclose(host(S), reference(labels), rtol=0, atol=atol)
+    moved = labels.copy()
+    which = rng.choice(n, 20, replace=False)
+    moved[which] = (moved[which] + 1) % k
+    S = op.update_cluster_sums(S, backend.asarray(labels), backend.asarray(moved))
+    np.testing.assert_allclose(host(S), reference(moved), rtol=0, atol=atol)
+    np.testing.assert_array_equal(host(op.diag), np.diag(K64))
+
+
+# --------------------------------------------------------------------------- critical bandwidth, rounding margin
+
+
+def near_tie_set(rng, delta=1e-2):
+    """Cluster 1 is cluster 0 mirrored at x = 0 (members in the same order). Zero-weight points of cluster 0:
+    two on the mirror (exactly as near to both clusters: they stay) and a pair at x = +-delta (one of them is
+    nearer to cluster 1 by far more than rounding: it moves)."""
+    half = np.vstack([[-3.0, 3.0] + 0.3 * rng.normal(size=(8, 2)), [3.0, -3.0] + 0.3 * rng.normal(size=(4, 2))])
+    probes = np.array([[0.0, 0.3], [0.0, -1.1], [delta, 0.3], [-delta, 0.3]])
+    X = np.vstack([half, probes, half * [-1.0, 1.0]])
+    labels = np.r_[np.zeros(16, int), np.ones(12, int)].astype(np.int32)
+    w = np.r_[np.ones(12), np.zeros(4), np.ones(12)]
+    return X, labels, w
+
+
+def reference_gaps(D, labels, w, sigma):
+    """d(i, 1) - d(i, 0) in float64 (Eq. 4) for the RBF kernel exp(-D / sigma)."""
+    K = np.exp(-D / sigma)
+    Y = np.zeros((len(labels), 2))
+    Y[np.arange(len(labels)), labels] = w
+    S = K @ Y
+    sizes = Y.sum(0)
+    dist = 1.0 - 2.0 * S / sizes + (Y * S).sum(0) / sizes ** 2
+    return dist[:, 1] - dist[:, 0]
+
+
+def test_one_step_checks_margin_sits_between_rounding_and_real_gaps(device, monkeypatch):
+    """The limited check sums the candidates' rows in another order than the full pass. Emulated here: its cluster
+    sums of cluster 1 come out a few ulps larger. Exact ties must still stay (a move by rounding is no move), and
+    the point nearer to cluster 1 by 1e-6 .. 1e-2 must move, in the limited check and the full one."""
+    monkeypatch.setattr(_offgrid, "LIMITED_CHECK_MAX_COST", 1e9)  # use limited checks even where they do not pay
+    original = _offgrid.OneStepQuestion._rows_cluster_sums
+
+    def other_order(self, K, rows):
+        S = original(self, K, rows)
+        return S * self.backend.asarray(np.array([1.0, 1.0 + 4e-16]))
+
+    monkeypatch.setattr(_offgrid.OneStepQuestion, "_rows_cluster_sums", other_order)
+    rng = np.random.default_rng(276)
+    X, labels, w = near_tie_set(rng)
+    D = distances(X) ** 2
+    backend = _backend.resolve_device(device)
+    question = _offgrid.OneStepQuestion(backend, backend.asarray(labels), backend.asarray(w), 2, limited=True)
+    assert question.limited
+    n_decisive = 0
+    for sigma in np.geomspace(1.5, 40.0, 12):  # below ~50 only the near tie moves
+        gaps = reference_gaps(D, labels, w, sigma)
+        movers = np.flatnonzero((labels == 0) & (gaps < 0))
+        assert movers.tolist() == [14] and -1e-2 < gaps[14] < -1e-6  # the near tie moves, clearly but barely
+        np.testing.assert_array_equal(gaps[[12, 13]], 0.0)           # the exact ties do not
+        Ks = backend.asarray(np.exp(-D / sigma))
+        n_full, moved_full = question.full(Ks)
+        assert n_full == 1 and host(moved_full).tolist() == [14]
+        limited = question.limited_check(Ks)
+        assert limited is not None and host(limited).tolist() == [14]
+        n_decisive += 1
+    assert question.n_limited_decisive == n_decisive
+
+
+# --------------------------------------------------------------------------- distance epilogues, clamp at 0
+
+
+def duplicates_far_out(rng, offset):
+    """float32 points with many exact duplicates, far from the origin: ||x||^2 + ||y||^2 - 2 <x, y> of a duplicate
+    pair rounds to either sign."""
+    base = rng.normal(size=(6, 4)) + offset
+    return np.vstack([base[rng.integers(0, 6, 40)], rng.normal(size=(8, 4)) + offset]).astype(np.float32)
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "laplacian"])
+def test_tiled_epilogue_clamps_negative_rounded_distances(device, kernel):
+    """The tiled engine's three epilogues (rows, cluster sums, moved sums) on float32 inner products of duplicates
+    far from the origin: every value at most 1 exactly, and within the rounding of the squared distance of the
+    float64 kernel. The columns are given other point indices than the rows, so no value is the unit diagonal."""
+    rng = np.random.default_rng(277)
+    X = duplicates_far_out(rng, 30.0)
+    n = len(X)
+    backend = _backend.resolve_device(device)
+    ops = tiled_ops(backend)
+    gamma = 0.05
+    kind = EPILOGUE_CODES[kernel]
+    sq = (X * X).sum(1)
+    G = X @ X.T
+    assert ((sq[:, None] + sq[None, :] - 2 * G) < 0).sum() > 50  # the case: many distances round below 0
+    D = distances(X)
+    reference = np.exp(-gamma * (D ** 2 if kernel == "rbf" else D))
+    rounding = 8 * np.finfo(np.float32).eps * float(sq.max())  # error of the squared distance from the GEMM form
+    atol = gamma * (rounding if kernel == "rbf" else np.sqrt(rounding)) + 1e-6
+    far_points = backend.asarray(np.arange(n, dtype=np.int64) + 10 * n)
+
+    def args():
+        return backend.asarray(G.copy()), backend.asarray(sq), backend.asarray(sq)
+
+    Gd, a, b = args()
+    rows = host(ops.tile_epilogue(Gd, a, b, kind, gamma, 0.0, 3, far_points, 0))
+    # one point per cluster (cluster j = column j): S is the kernel block itself
+    clusters = backend.asarray(np.arange(n, dtype=np.int32))
+    Gd, a, b = args()
+    S = host(ops.tile_cluster_sums(Gd, a, b, kind, gamma, 0.0, 3, clusters, backend.asarray(np.ones(n)), far_points,
+                                   0, backend.xp.zeros((n, n))))
+    Gd, a, b = args()
+    S_moved = host(ops.tile_moved_sums(Gd, a, b, kind, gamma, 0.0, 3, clusters,
+                                       backend.asarray(np.full(n, n, dtype=np.int32)), backend.asarray(np.ones(n)),
+                                       far_points, 0, backend.xp.zeros((n, n + 1))))[:, :n]
+    for got in (rows, S, S_moved):
+        assert np.isfinite(got).all() and got.max() <= 1.0, float(np.nanmax(got) - 1.0)
+        np.testing.assert_allclose(got, reference, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "laplacian"])
+def test_dense_kernel_block_clamps_negative_rounded_distances(device, kernel):
+    """The dense builder's epilogue (kernel_epilogue) on the same features, not centred: values at most 1 and within
+    rounding of the float64 kernel."""
+    from kkmgpu.kernels import blocks as _blocks
+    rng = np.random.default_rng(278)
+    X = duplicates_far_out(rng, 30.0)
+    backend = _backend.resolve_device(device)
+    gamma = 0.05
+    spec = _kernel_spec.resolve_kernel(kernel, gamma=gamma, X=X, precision="fp32")  # not centred
+    K = host(_blocks.kernel_block(backend.asarray(X), backend.asarray(X), spec, backend))
+    D = distances(X)
+    reference = np.exp(-gamma * (D ** 2 if kernel == "rbf" else D))
+    sq = (X.astype(np.float64) ** 2).sum(1)
+    rounding = 8 * np.finfo(np.float32).eps * float(sq.max())
+    atol = gamma * (rounding if kernel == "rbf" else np.sqrt(rounding)) + 1e-6
+    assert np.isfinite(K).all() and K.max() <= 1.0, float(np.nanmax(K) - 1.0)
+    np.testing.assert_allclose(K, reference, rtol=0, atol=atol)
