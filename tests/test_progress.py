@@ -1,5 +1,6 @@
 """Progress bars (kkmgpu._progress): tqdm when installed, plain lines otherwise, silent when off."""
 
+import io
 import sys
 
 import numpy as np
@@ -15,6 +16,13 @@ def _without_tqdm(monkeypatch):
     # A None entry in sys.modules makes `import tqdm.auto` raise ImportError, as on a machine without tqdm.
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+
+
+class _Terminal(io.StringIO):
+    """A captured stream that says it is a terminal (tqdm's home)."""
+
+    def isatty(self):
+        return True
 
 
 def test_disabled_bar_prints_nothing(capsys):
@@ -59,13 +67,17 @@ def test_plain_fallback_unknown_total(monkeypatch, capsys):
 
 
 def test_tqdm_bar_when_installed(capsys):
-    pytest.importorskip("tqdm", reason="tqdm is an optional dependency (pip install kkmgpu[progress])")
-    with progress_bar(4, desc="tq", enabled=True, unit="run") as bar:
-        assert type(bar).__module__.startswith("tqdm")
+    tqdm = pytest.importorskip("tqdm", reason="tqdm is an optional dependency (pip install kkmgpu[progress])")
+    terminal = _Terminal()
+    with progress_bar(4, desc="tq", enabled=True, unit="run", file=terminal) as bar:
+        assert isinstance(bar, tqdm.tqdm)
         for _ in range(4):
             bar.update()
-    err = capsys.readouterr().err
-    assert "tq" in err and "4/4" in err
+    assert "tq" in terminal.getvalue() and "4/4" in terminal.getvalue()
+    with progress_bar(4, desc="log", enabled=True, unit="run") as bar:  # captured stderr: not a terminal
+        assert isinstance(bar, _progress._PlainBar)
+        bar.update(4)
+    assert capsys.readouterr().err.startswith("log: 4/4 run (100%)")
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None, 0.0])
@@ -135,7 +147,7 @@ def test_search_progress_counts_its_runs(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     runs = len(result.evaluations)
     assert 1 <= runs <= 6
-    assert err[-1].startswith(f"bandwidth search: {runs}/6 run") and "best c-NNC" in err[-1]
+    assert err[-1].startswith(f"bandwidth search: {runs}/{runs} run (100%)") and "best c-NNC" in err[-1]
     fitted = kkmgpu.fit(X, 3, gamma="search", device="cpu", random_state=0, dtype="float64", init="random",
                         progress=True)
     assert "bandwidth search:" in capsys.readouterr().err
@@ -153,3 +165,79 @@ def test_cli_progress_flag(monkeypatch, capsys, tmp_path):
     assert "kernel k-means: 1/1 init (100%)" in capsys.readouterr().err
     assert main(["fit", str(path), "-k", "3", "--device", "cpu"]) == 0  # stderr is not a terminal here: no bar
     assert "kernel k-means:" not in capsys.readouterr().err
+
+
+# --- issue 27 point 7: bars sized from the real work, one bar per fit, no carriage returns outside a terminal ---
+
+
+def _last_state(text):
+    """The text a terminal shows last on a bar's line: the part after the final carriage return."""
+    return text.rstrip("\n").rsplit("\r", 1)[-1]
+
+
+@pytest.mark.parametrize("tqdm_installed", [True, False])
+def test_search_bar_ends_at_the_runs_it_made(monkeypatch, tqdm_installed):
+    """The search's bar is sized by ``max_values``, a cap; when the walk stops earlier the bar closes at the runs
+    made, at 100%, not at 16/50."""
+    if tqdm_installed:
+        pytest.importorskip("tqdm", reason="tqdm is an optional dependency (pip install kkmgpu[progress])")
+    else:
+        _without_tqdm(monkeypatch)
+    stream = _Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    X, _ = _blobs(150, seed=3)
+    result = kkmgpu.search_bandwidth(X, 3, device="cpu", random_state=0, max_values=50, progress=True)
+    runs = len(result.evaluations)
+    assert 1 <= runs < 50  # the walk stopped before the cap: the case of the issue
+    last = _last_state(stream.getvalue()).strip().splitlines()[-1]
+    assert f"{runs}/{runs}" in last and "100%" in last and f"/{50}" not in last
+
+
+def test_outside_a_terminal_a_fit_writes_a_few_plain_lines(monkeypatch, device):
+    """stderr not a terminal (a log file, CI): a 10-init fit with tqdm installed writes a few whole lines, no
+    carriage returns, and its last line reaches the total (it wrote 20 KB of redraws before)."""
+    pytest.importorskip("tqdm", reason="tqdm is an optional dependency (pip install kkmgpu[progress])")
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    X, _ = _blobs(400, seed=5)
+    kkmgpu.fit(X, 3, device=device, random_state=0, n_init=10, init="random", progress=True)
+    text = stream.getvalue()
+    lines = text.splitlines()
+    assert "\r" not in text
+    assert 1 <= len(lines) <= 11  # at most one per tenth of the inits, then the closing one
+    assert len(text) < 100 * len(lines)
+    assert lines[-1].startswith("kernel k-means: 10/10 init (100%)")
+
+
+def test_ncut_fit_shows_one_bar(monkeypatch, device):
+    """A graph fit runs kernel k-means once per spectral start: one bar over the starts, the per-start bars nested
+    (gone when done), not one bar per start."""
+    _without_tqdm(monkeypatch)
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    X, _ = kkmgpu.datasets.make_two_circles(400, random_state=0)
+    result = kkmgpu.fit(X, 2, objective="ncut", device=device, random_state=0, progress=True)
+    lines = stream.getvalue().splitlines()
+    bars = {line.split(":", 1)[0] for line in lines}
+    starts = result.n_init
+    assert starts >= 2  # several starts: the case of the issue
+    assert bars == {"ncut"}, lines
+    assert lines[-1].startswith(f"ncut: {starts}/{starts} start (100%)")
+
+
+def test_nested_bars_are_transient(monkeypatch):
+    """A bar opened inside another's ``with`` block is nested: with tqdm it does not stay on screen, without it a
+    short one prints nothing; the outer bar is kept."""
+    _without_tqdm(monkeypatch)
+    stream = io.StringIO()
+    with progress_bar(3, desc="outer", enabled=True, file=stream) as outer:
+        for _ in range(3):
+            with progress_bar(5, desc="inner", enabled=True, file=stream) as inner:
+                assert inner.leave is False
+                inner.update(5)
+            outer.update()
+    assert outer.leave is True
+    assert stream.getvalue().splitlines() == [stream.getvalue().splitlines()[-1]]
+    assert stream.getvalue().startswith("outer: 3/3 it (100%)")
+    with progress_bar(2, desc="again", enabled=True, file=stream) as after:  # the nesting ended with the block
+        assert after.leave is True
