@@ -30,10 +30,11 @@ with dask-cuda's ``LocalCUDACluster`` each worker sees one GPU.
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 
+from kkmgpu import _api  # noqa: F401  (registers the methods that _validation.check_params accepts)
+from kkmgpu import _warn
 from kkmgpu import _validation
 
 from kkmgpu.engine import sampled as _cats
@@ -149,7 +150,7 @@ random_state, verbose, update, gemm_precision
     --------
     >>> import dask.array as da, kkmgpu, kkmgpu.dask
     >>> from distributed import Client, LocalCluster
-    >>> X, y = kkmgpu.datasets.make_two_circles(200, random_state=0)
+    >>> X, y = kkmgpu.datasets.make_two_circles(200, random_state=1)
     >>> with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \\
     ...         Client(cluster) as client:
     ...     result = kkmgpu.dask.fit(da.from_array(X, chunks=50), 2, gamma=5.0, device="cpu", random_state=0,
@@ -212,9 +213,8 @@ random_state, verbose, update, gemm_precision
     info = cluster.gather(cluster.map(_distributed.block_info))
     device_name, gemm_mode = info[0][0], info[0][3]
     if gemm_precision not in (DEFAULT_PRECISION, gemm_mode):
-        warnings.warn(f"gemm_precision={gemm_precision!r} has no effect on the workers ({device_name}, dtype="
-                      f"{dt.name!r}, {n} x {X.shape[1]}): their products run in {gemm_mode!r}.", UserWarning,
-                      stacklevel=2)
+        _warn.warn(f"gemm_precision={gemm_precision!r} has no effect on the workers ({device_name}, dtype="
+                   f"{dt.name!r}, {n} x {X.shape[1]}): their products run in {gemm_mode!r}.", UserWarning)
     diag_h = np.concatenate([i[1] for i in info])
     total_diag = float(sum(i[2] for i in info))
     del parts

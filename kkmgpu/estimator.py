@@ -10,10 +10,10 @@ scikit-learn, which would triple the import time) until ``kkmgpu.KernelKMeans`` 
 from __future__ import annotations
 
 import inspect
-import warnings
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu import _validation
 from kkmgpu.kernels import spec as _kernel_spec
 
@@ -132,7 +132,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
     >>> sorted(set(model.labels_.tolist()))
     [0, 1]
     >>> round(model.score(X), 3), round(-model.inertia_, 3)  # minus the objective, as KMeans.score
-    (-229.51, -229.51)
+    (-229.797, -229.797)
     """
 
     def __init__(self, n_clusters=8, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=None,
@@ -210,7 +210,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
                 if not (value is defaults[name] or (type(value) is type(defaults[name]) and value == defaults[name])):
                     ignored.append(f"{name}={value!r} (method={method!r} only)")
         if ignored:
-            warnings.warn(f"{', '.join(ignored)} ignored with method={self.method!r}.", UserWarning, stacklevel=3)
+            _warn.warn(f"{', '.join(ignored)} ignored with method={self.method!r}.", UserWarning)
         return kwargs
 
     def fit(self, X, y=None, sample_weight=None):

