@@ -134,3 +134,75 @@ def test_engine_warnings_point_at_the_callers_line(backend, trigger):
     assert given, [str(w.message) for w in caught]
     assert [w.filename for w in given] == [__file__] * len(given)
 
+
+def _duplicated(rng, n_distinct=12, copies=3):
+    """n_distinct points of an integer grid, each repeated ``copies`` times and shuffled: every point's nearest
+    neighbour is at distance 0, exactly (small integers and their mean are exact in every precision)."""
+    grid = np.stack(np.meshgrid(np.arange(4.0), np.arange(3.0)), axis=-1).reshape(-1, 2)[:n_distinct]
+    return rng.permutation(np.repeat(3.0 * grid, copies, axis=0))
+
+
+MODULE_TRIGGERS = {  # one user call per module that still warned with a fixed stacklevel, and its text
+    "estimator": (lambda X, dev: kkmgpu.KernelKMeans(3, n_components=4, random_state=0, device=dev).fit(X),
+                  UserWarning, "n_components=4 (method='eigen' only) ignored"),
+    "engine.tiled": (lambda X, dev: kkmgpu.fit(X, 3, dtype="float64", random_state=0, device=dev),
+                     UserWarning, "using engine='tiled'"),
+    "bandwidth.critical": (lambda X, dev: kkmgpu.bandwidth_lower_bound(_duplicated(np.random.default_rng(1)),
+                                                                       device=dev),
+                           UserWarning, "duplicated points"),
+    "bandwidth.baselines": (lambda X, dev: kkmgpu.bandwidth.mknn_sigmas(_duplicated(np.random.default_rng(2)),
+                                                                        device=dev),
+                            UserWarning, "MKNN bandwidths are 0"),
+    "bandwidth.search": (lambda X, dev: kkmgpu.search_bandwidth(_duplicated(np.random.default_rng(3), 4, 9), 4,
+                                                                depth=1, refine_depth=0, max_values=2,
+                                                                random_state=0, device=dev),
+                         UserWarning, "pairs are duplicates"),
+}
+
+
+@pytest.mark.parametrize("trigger", list(MODULE_TRIGGERS))
+def test_module_warnings_point_at_the_callers_line(backend, trigger, monkeypatch):
+    """The estimator's ignored parameters, the tiled engine's fallback and the bandwidth searches' warnings are
+    given and attributed to this file (kkmgpu._warn.warn), not to kkmgpu (a fixed stacklevel pointed inside)."""
+    from kkmgpu.backend.device import Backend
+
+    call, category, text = MODULE_TRIGGERS[trigger]
+    if trigger == "engine.tiled":  # K takes 90^2 * 8 = 64.8 kB: report 30 kB free
+        monkeypatch.setattr(Backend, "available_bytes", lambda self: 30_000)
+    X = _blobs(np.random.default_rng(6))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call(X, backend)
+    given = [w for w in caught if issubclass(w.category, category) and text in str(w.message)]
+    assert given, [str(w.message) for w in caught]
+    assert [w.filename for w in given] == [__file__] * len(given)
+
+
+def test_forced_cpu_warning_points_at_the_callers_line(monkeypatch):
+    """KKMGPU_DEVICE=cpu overriding device='cuda' (backend/device.py) is reported at the caller's line."""
+    monkeypatch.setenv("KKMGPU_DEVICE", "cpu")
+    X = _blobs(np.random.default_rng(7))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = kkmgpu.fit(X, 3, random_state=0, device="cuda")
+    given = [w for w in caught if "KKMGPU_DEVICE=cpu forces the CPU" in str(w.message)]
+    assert result.device == "cpu" and given, [str(w.message) for w in caught]
+    assert [w.filename for w in given] == [__file__] * len(given)
+
+
+def test_dask_warning_points_at_the_callers_line():
+    """kkmgpu.dask.fit's gemm_precision without effect on CPU workers is reported at the caller's line."""
+    da = pytest.importorskip("dask.array")
+    distributed = pytest.importorskip("distributed")
+    import kkmgpu.dask
+
+    X = _blobs(np.random.default_rng(8))
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            kkmgpu.dask.fit(da.from_array(X, chunks=45), 3, device="cpu", client=client, gemm_precision="tf32",
+                            random_state=0)
+    given = [w for w in caught if "has no effect on the workers" in str(w.message)]
+    assert given, [str(w.message) for w in caught]
+    assert [w.filename for w in given] == [__file__] * len(given)

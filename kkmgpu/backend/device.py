@@ -16,11 +16,11 @@ import os
 import re
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu.backend.cupy_loader import cupy_linalg_routines, import_cupy, import_cupyx  # noqa: F401  (re-exported for the rest of kkmgpu)
 
 __all__ = [
@@ -304,8 +304,8 @@ def resolve_device(device="auto", arrays=()) -> Backend:
                 "device='cpu' ignores it).")
         if env == "cpu":
             if device.startswith("cuda"):
-                warnings.warn(f"device={device!r} ignored: {ENV_DEVICE}=cpu forces the CPU.",
-                              UserWarning, stacklevel=3)
+                _warn.warn(f"device={device!r} ignored: {ENV_DEVICE}=cpu forces the CPU.",
+                           UserWarning)
             return Backend("cpu")
         if device == "auto":
             device = env

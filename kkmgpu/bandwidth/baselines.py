@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu import _validation
 
 from kkmgpu.bandwidth import matrices as _matrices
@@ -150,8 +150,8 @@ def _mknn_sigmas(A, backend, n_neighbors=None):
     sigmas = [2.0 * float(m) ** 2 for m in d.mean(axis=0)]
     kept = [s for s in sigmas if s > 0]
     if len(kept) < len(sigmas):
-        warnings.warn(f"{len(sigmas) - len(kept)} MKNN bandwidths are 0 (duplicate points) and were dropped.",
-                      UserWarning, stacklevel=3)
+        _warn.warn(f"{len(sigmas) - len(kept)} MKNN bandwidths are 0 (duplicate points) and were dropped.",
+                   UserWarning)
     if not kept:
         raise ValueError("every MKNN bandwidth is 0: the nearest neighbours coincide with the points.")
     return kept

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu import _validation
 
 from kkmgpu.bandwidth import matrices as _matrices
@@ -72,10 +72,10 @@ def bandwidth_lower_bound(X, *, device="auto") -> float:
     if not math.isfinite(d_min) or d_min <= 0:
         raise ValueError("every pair of points in X coincides; Theorem 1's bound is undefined.")
     if dup_pairs:
-        warnings.warn(f"X has {dup_points} duplicated points ({dup_pairs} pairs at distance 0); the bound is taken "
-                      "over the pairs at positive distance, and it guarantees no moves only for partitions that "
-                      "keep identical points in the same cluster (Theorem 1 assumes distinct points).",
-                      UserWarning, stacklevel=2)
+        _warn.warn(f"X has {dup_points} duplicated points ({dup_pairs} pairs at distance 0); the bound is taken "
+                   "over the pairs at positive distance, and it guarantees no moves only for partitions that "
+                   "keep identical points in the same cluster (Theorem 1 assumes distinct points).",
+                   UserWarning)
     return d_min / math.log(3.0 * n)
 
 
@@ -273,9 +273,9 @@ def critical_bandwidth(X=None, labels=None, *, K=None, sigma, depth=10, sample_w
                                     "a single non-empty cluster: no point can change cluster")
         n_moved, moved = question.full(Kw)
         if n_moved:
-            warnings.warn(f"labels are not a fixed point of kernel k-means at sigma={sigma:g}: {n_moved} points "
-                          "move already, so the critical bandwidth is <= sigma (lower=0, upper=sigma).",
-                          UserWarning, stacklevel=2)
+            _warn.warn(f"labels are not a fixed point of kernel k-means at sigma={sigma:g}: {n_moved} points "
+                       "move already, so the critical bandwidth is <= sigma (lower=0, upper=sigma).",
+                       UserWarning)
             moved_h = np.sort(backend.to_host(layout.order[moved]).astype(np.int64))
             return _critical_result(sigma, 0.0, sigma, 0, question, moved_h, timings, t_kernel, t_start, backend,
                                     sigma, depth, "labels are not a fixed point at sigma")
@@ -285,7 +285,7 @@ def critical_bandwidth(X=None, labels=None, *, K=None, sigma, depth=10, sample_w
         outcome = _offgrid.walk_rbf(Kw, Kp, question, sigma, depth, backend, info=info, rebuild=rebuild,
                                     max_sigma=max_sigma, no_move_beyond=beyond, verbose=verbose)
         for msg in outcome.warnings:
-            warnings.warn(msg, UserWarning, stacklevel=2)
+            _warn.warn(msg, UserWarning)
         if not outcome.found:
             return _critical_result(math.inf, outcome.base, math.inf, outcome.n_steps, question,
                                     np.empty(0, np.int64), timings, t_kernel, t_start, backend, outcome.base, depth,
@@ -396,9 +396,8 @@ def binary_search_critical_bandwidth(X=None, labels=None, *, K=None, D=None, sig
             _matrices.permute_into(G, source, layout.order, backend)
             if K is not None:
                 if int((G <= 0).sum()):
-                    warnings.warn("K has entries that underflowed to 0; their distances are unknown and taken as "
-                                  f"-sigma log(tiny) ({_offgrid.exp_log_range(dt):.0f} sigma).", UserWarning,
-                                  stacklevel=2)
+                    _warn.warn("K has entries that underflowed to 0; their distances are unknown and taken as "
+                               f"-sigma log(tiny) ({_offgrid.exp_log_range(dt):.0f} sigma).", UserWarning)
                 xp.maximum(G, _matrices.tiny(dt), out=G)
                 xp.log(G, out=G)
                 G *= 0.5 * sigma                     # -D / 2 = (sigma / 2) log K
@@ -429,9 +428,9 @@ def binary_search_critical_bandwidth(X=None, labels=None, *, K=None, D=None, sig
         probes += 1
         n_moved, moved = question.full(Kw)
         if n_moved:
-            warnings.warn(f"labels are not a fixed point of kernel k-means at sigma={sigma:g}: {n_moved} points "
-                          "move already, so the critical bandwidth is <= sigma (lower=0, upper=sigma).",
-                          UserWarning, stacklevel=2)
+            _warn.warn(f"labels are not a fixed point of kernel k-means at sigma={sigma:g}: {n_moved} points "
+                       "move already, so the critical bandwidth is <= sigma (lower=0, upper=sigma).",
+                       UserWarning)
             moved_h = np.sort(backend.to_host(layout.order[moved]).astype(np.int64))
             return _critical_result(sigma, 0.0, sigma, probes, question, moved_h, timings, t_kernel, t_start,
                                     backend, sigma, 0, "labels are not a fixed point at sigma")

@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu import _validation
 
 from kkmgpu.bandwidth import matrices as _matrices
@@ -62,8 +63,8 @@ def _percentile_sigma(A, backend, rng, q=1.0):
         positive = d[d > 0]
         if positive.size == 0:
             raise ValueError("every pair of points coincides; there is no bandwidth to search.")
-        warnings.warn(f"at least {q:g}% of the point pairs are duplicates (squared distance 0); sigma0 is the "
-                      f"{q:g}th percentile of the positive squared distances instead.", UserWarning, stacklevel=3)
+        _warn.warn(f"at least {q:g}% of the point pairs are duplicates (squared distance 0); sigma0 is the "
+                   f"{q:g}th percentile of the positive squared distances instead.", UserWarning)
         value = float(np.percentile(positive, q))
     return value
 
@@ -152,8 +153,8 @@ class _Recorder:
         self.timings["total"] = time.perf_counter() - t_start
         if self.warnings:
             from kkmgpu.engine.lloyd import ConvergenceWarning
-            warnings.warn(f"{self.method} search: {len(self.warnings)} kernel k-means runs did not reach a fixed "
-                          "point; increase max_iter.", ConvergenceWarning, stacklevel=3)
+            _warn.warn(f"{self.method} search: {len(self.warnings)} kernel k-means runs did not reach a fixed "
+                       "point; increase max_iter.", ConvergenceWarning)
         init = np.asarray(initial_labels, dtype=np.int32).copy()
         init.flags.writeable = False
         return BandwidthSearchResult(

@@ -18,10 +18,10 @@ same initial labels the tiled and dense engines follow the same iterations up to
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 
+from kkmgpu import _warn
 from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import spec as _kernel_spec
@@ -68,11 +68,11 @@ def choose_engine(engine: str, n: int, dtype, backend: Backend) -> str:
     if dense_fits(n, itemsize, backend):
         return "dense"
     available = backend.available_bytes()
-    warnings.warn(
+    _warn.warn(
         f"engine='auto': the dense {n} x {n} {np.dtype(dtype).name} kernel matrix needs "
         f"{_format_bytes(n * n * itemsize)} but {backend.name} has {_format_bytes(available or 0)} free; using "
         "engine='tiled' (kernel tiles recomputed from X every iteration: O(n d + n k) memory, 2 n^2 d flops per "
-        "full pass). Pass engine='tiled' to choose it without this warning.", UserWarning, stacklevel=3)
+        "full pass). Pass engine='tiled' to choose it without this warning.", UserWarning)
     return "tiled"
 
 
