@@ -514,8 +514,8 @@ def test_junk_device_environment_variable(X, monkeypatch):
      ["dtype='float32'"]),
     (dict(dtype="float64", engine="dense"), ["dtype='float32'", "engine='tiled'", "method='cats'"],
      ["dtype='float16'"]),
-    (dict(dtype="float32", method="eigen"), ["n_components", "method='cats'"], ["dtype='float", "engine="]),
-    (dict(dtype="float64", method="eigen"), ["dtype='float32'", "n_components", "method='cats'"], ["engine="]),
+    (dict(dtype="float32", method="eigen"), ["method='cats'"], ["dtype='float", "engine=", "n_components"]),
+    (dict(dtype="float64", method="eigen"), ["dtype='float32'", "method='cats'"], ["engine=", "n_components"]),
     (dict(dtype="float32", method="trimmed"), ["dtype='float16'", "method='cats'"], ["engine=", "float32'"]),
     (dict(dtype="float32", kernel="precomputed"), ["dtype='float16'"], ["engine=", "method='cats'", "float32'"]),
 ], ids=["dense-float32", "dense-float64", "eigen-float32", "eigen-float64", "trimmed", "precomputed"])
@@ -544,3 +544,28 @@ def test_insufficient_memory_advice_of_the_search(monkeypatch):
             kkmgpu.search_bandwidth(X, 2, device="cpu", dtype=dtype)
         assert ("dtype='float32'" in str(info.value)) == advised
         assert "engine=" not in str(info.value) and "method='cats'" not in str(info.value)
+
+
+def test_eigen_memory_advice_names_n_components_only_where_it_helps(monkeypatch):
+    """Issue 27: the eigen route's advice said "n_components well below n_samples / 2" even at n_components=16,
+    where the n x n kernel matrix itself did not fit. Lowering n_components saves only the full decomposition's
+    workspace (3 n^2 against one n x n copy for the top eigenpairs): the advice names it, with the value that
+    takes the lighter route, only when the full decomposition is what failed because of n_components."""
+    n = 300
+    X = np.random.default_rng(27).normal(size=(n, 2))
+    K_bytes = n * n * 4                                  # float32
+    headroom = _backend.MEMORY_HEADROOM
+    # K does not fit: no n_components helps, whatever its value (16 here, the issue's case)
+    monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: int(0.5 * K_bytes / headroom))
+    for n_components in (16, None):
+        with pytest.raises(kkmgpu.InsufficientMemoryError, match="kernel matrix") as info:
+            fit(X, 2, method="eigen", n_components=n_components, device="cpu")
+        assert "n_components" not in str(info.value), str(info.value)
+        assert "method='approx'" in str(info.value) and "fewer points" in str(info.value)
+    # K and one copy fit, the full decomposition (3 n^2) does not: n_components <= n / 2 is the way out
+    monkeypatch.setattr(_backend.Backend, "available_bytes", lambda self: int(2.0 * K_bytes / headroom))
+    with pytest.raises(kkmgpu.InsufficientMemoryError, match="full eigendecomposition") as info:
+        fit(X, 2, method="eigen", n_components=n, device="cpu")
+    assert f"n_components <= {n // 2} instead of {n}" in str(info.value), str(info.value)
+    small = fit(X, 2, method="eigen", n_components=n // 2, device="cpu", random_state=0)  # the advice works
+    assert small.method_params["n_components"] == n // 2

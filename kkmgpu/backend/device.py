@@ -200,6 +200,16 @@ def memory_situation(**situation):
 
 
 @contextlib.contextmanager
+def more_memory_situation(**more):
+    """:func:`memory_situation` of the enclosing call with ``more`` (what a method learns once it runs)."""
+    token = _MEMORY_SITUATION.set({**(_MEMORY_SITUATION.get() or {}), **more})
+    try:
+        yield
+    finally:
+        _MEMORY_SITUATION.reset(token)
+
+
+@contextlib.contextmanager
 def _device_scope(backend):
     """The GPU current, and an allocation that fails although the memory checks passed (a library's workspace
     or a temporary beside the arrays the checks count) raised as :class:`InsufficientMemoryError` with the
@@ -217,9 +227,14 @@ def _device_scope(backend):
                 + memory_advice(**(_MEMORY_SITUATION.get() or {}))) from exc
 
 
-def memory_advice(*, dtype=None, method=None, engine=None, precomputed=False) -> str:
+def memory_advice(*, dtype=None, method=None, engine=None, precomputed=False, components=None) -> str:
     """The ways to need less memory that apply to a call with this storage ``dtype``, ``method`` and ``engine``
-    (a sentence ending in a full stop)."""
+    (a sentence ending in a full stop).
+
+    ``components``: (r, lighter) for method="eigen" once the kernel matrix is built: the r eigenpairs asked for,
+    and the largest r that takes the top-r route (None where r does not choose the route). Only then does a
+    smaller n_components save memory, so only then is it advised, with that value.
+    """
     options = []
     dt = None if dtype is None else np.dtype(dtype)
     if dt == np.float64:
@@ -228,9 +243,9 @@ def memory_advice(*, dtype=None, method=None, engine=None, precomputed=False) ->
         options.append("dtype='float16' (half the memory of the kernel matrix, about 3 significant digits)")
     if method == "exact" and not precomputed and engine != "tiled":
         options.append("engine='tiled' (no n x n matrix: kernel tiles recomputed from X, O(n d) memory)")
-    if method == "eigen":
-        options.append("n_components well below n_samples / 2 (the top eigenpairs need less workspace than the "
-                       "full decomposition)")
+    if method == "eigen" and components is not None and components[1] is not None and components[0] > components[1]:
+        options.append(f"n_components <= {components[1]} instead of {components[0]} (the top eigenpairs need one "
+                       "n x n working copy at most, the full decomposition three)")
     if method in ("exact", "eigen", "trimmed") and not precomputed:
         options.append("method='cats' (sampled centroids, no n x n matrix: O(n k l) memory)")
     if method in ("exact", "eigen", "trimmed") and not precomputed:

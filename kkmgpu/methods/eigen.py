@@ -14,9 +14,10 @@ import numpy as np
 
 from kkmgpu import _validation
 from kkmgpu._result import KernelKMeansResult
-from kkmgpu.backend.device import Backend
+from kkmgpu.backend.device import Backend, more_memory_situation
 from kkmgpu.engine.dense import DenseKernelOperator
-from kkmgpu.engine.embedding import DEFAULT_COMPONENTS, FULL_DECOMPOSITION_MAX_N, EmbeddingOperator, embed
+from kkmgpu.engine.embedding import (DEFAULT_COMPONENTS, FULL_DECOMPOSITION_MAX_N, PARTIAL_MAX_FRACTION,
+                                     EmbeddingOperator, embed)
 from kkmgpu.engine.lloyd import _update, run_restarts
 from kkmgpu.kernels import blocks as _kernels
 from kkmgpu.methods import registry
@@ -128,9 +129,12 @@ def _fit_eigen(X, k, spec, backend, dt, precomputed, weights_h, init, n_init, ma
     weights = backend.asarray(weights_h)
     t_kernel = backend.timer()
     n_eig = resolve_components(n_components, n, k)
-    best, runs, init_seconds, params, state, exact, decomposition_seconds = fit_eigen(
-        K, k, r=n_eig, weights=weights, init=init, n_init=n_init, max_iter=max_iter, tol=tol, rng=rng,
-        verbose=verbose, backend=backend)
+    # a smaller n_components saves memory only by taking the top-r route instead of the full decomposition
+    lighter = int(PARTIAL_MAX_FRACTION * n) if n > 64 else None
+    with more_memory_situation(components=(n_eig, lighter)):
+        best, runs, init_seconds, params, state, exact, decomposition_seconds = fit_eigen(
+            K, k, r=n_eig, weights=weights, init=init, n_init=n_init, max_iter=max_iter, tol=tol, rng=rng,
+            verbose=verbose, backend=backend)
     del K
     t_end = backend.timer()
     timings = {
