@@ -86,15 +86,15 @@ def _synthetic():
 
 def _real():
     std = "standardised (each column to mean 0, std 1)"
-    sets = [SetSpec(name, "shapes", f"../shared/data/shapes/{name}.csv (SIPU)", std)
+    sets = [SetSpec(name, "shapes", f"shared data folder: shapes/{name}.csv (SIPU)", std)
             for name in ("aggregation", "compound", "flame", "jain", "r15")]
-    sets.append(SetSpec("wifi", "uci", "../shared/data/uci/wifi_localization.csv", std))
+    sets.append(SetSpec("wifi", "uci", "shared data folder: uci/wifi_localization.csv", std))
     sets.append(SetSpec("wine", "uci", "sklearn load_wine", std))
     sets.append(SetSpec("wdbc", "uci", "sklearn load_breast_cancer", std))
     sets.append(SetSpec("digits", "digits", "sklearn load_digits", "pixels / 16"))
     for n in (2000, 5000):
-        sets.append(SetSpec(f"mnist-{n}", "mnist", f"../shared/data/mnist, {n} of the 70,000 drawn with "
-                            "random_state=0", "pixels / 255"))
+        sets.append(SetSpec(f"mnist-{n}", "mnist", f"shared data folder: mnist/, {n} of the 70,000 drawn "
+                            "with random_state=0", "pixels / 255"))
     return sets
 
 
@@ -315,12 +315,13 @@ def worker(args):
                 _, X, y, k = data
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     labels, evidence = run_contestant(req["contestant"], X, k, req["seed"], req["device"])
-                    seconds = time.perf_counter() - t0
+                    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
                 found = np.unique(labels[labels >= 0]).size
                 reply = {"ok": True, "nmi": float(normalized_mutual_info_score(y, labels)),
                          "ari": float(adjusted_rand_score(y, labels)), "seconds": seconds,
+                         "cpu_seconds": cpu_seconds,
                          "n_clusters_found": int(found), "evidence": evidence,
                          "warnings": sorted({f"{w.category.__name__}: {str(w.message)[:160]}" for w in caught})[:5]}
         except Unavailable as exc:
