@@ -305,3 +305,143 @@ def test_summary_after_a_search_says_what_ran(tmp_path, capsys):
     assert costs["kernel_kmeans_iterations"] > costs["kernel_kmeans_runs"] > 1
     assert re.search(r"^seconds\s+[0-9.]+ \(bandwidth search [0-9.]+; final fit: kernel build [0-9.]+, "
                      r"iterations [0-9.]+\)$", out, re.MULTILINE), out
+
+
+# --------------------------------------------------------------------------- issue 27 point 7: a new user's CLI
+
+
+def _summary_value(out, name):
+    return re.search(rf"^{name}\s+(.*)$", out, re.MULTILINE)[1]
+
+
+def test_warnings_are_short_lines_in_the_cli_words(blobs_csv, capsys):
+    """A library warning is one ``kkmgpu: warning:`` line naming the option (--max-iter 1), not Python's
+    ``file.py:line: UserWarning`` with the source line and ``max_iter=1``."""
+    assert main(["fit", str(blobs_csv), "-k", "3", "--device", "cpu", "--seed", "0", "--init", "random",
+                 "--n-init", "3", "--max-iter", "1", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines and all(line.startswith("kkmgpu: warning: ") for line in lines), err
+    assert any("--max-iter 1" in line for line in lines), err
+    assert "max_iter=" not in err and ".py:" not in err and "Warning:" not in err
+    assert len(lines) == len(set(lines))  # each text once, not once per initialisation
+
+
+def test_errors_name_the_cli_options(blobs_csv, capsys, monkeypatch):
+    monkeypatch.delenv("KKMGPU_DEVICE", raising=False)
+    monkeypatch.setattr(kkmgpu.backend.device, "cuda_unavailable_reason", lambda: "no GPU in this test")
+    assert main(["fit", str(blobs_csv), "-k", "2", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda was requested" in err and "Use --device cpu" in err, err
+    assert "device=" not in err
+    assert main(["fit", str(blobs_csv), "-k", "2", "--device", "cpu", "--dtype", "float16", "--method", "eigen"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kkmgpu: error: --dtype float16 is not supported by --method eigen"), err
+    assert main(["fit", str(blobs_csv), "-k", "2", "--device", "cpu", "--engine", "tiled", "--method", "cats"]) == 2
+    assert "--engine tiled only applies to --method exact" in capsys.readouterr().err
+
+
+def _fit_and_labels(path, tmp_path, options):
+    out = tmp_path / "labels.csv"
+    assert main(["fit", str(path), "-k", "3", "--device", "cpu", "--seed", "0", "--no-progress", "-o", str(out),
+                 *options]) == 0
+    return np.loadtxt(out, dtype=np.int64)
+
+
+@pytest.mark.parametrize("options, fit_options", [
+    (["--tol", "0.5", "--init", "random", "--n-init", "1"], dict(tol=0.5, init="random", n_init=1)),
+    (["--engine", "tiled"], dict(engine="tiled")),
+    (["--dtype", "float16", "--gamma", "0.3"], dict(dtype="float16", gamma=0.3)),
+])
+def test_tol_engine_and_float16_reach_the_fit(blobs_csv, tmp_path, capsys, options, fit_options):
+    """The CLI gives kkmgpu.fit's labels, iterations and objective for the same options."""
+    labels = _fit_and_labels(blobs_csv, tmp_path, options)
+    out = capsys.readouterr().out
+    X = np.loadtxt(blobs_csv, delimiter=",", skiprows=1)
+    reference = kkmgpu.fit(X, 3, device="cpu", random_state=0, **fit_options)
+    np.testing.assert_array_equal(labels, reference.labels)
+    assert int(_summary_value(out, "n_iter")) == reference.n_iter
+    assert float(_summary_value(out, "objective")) == pytest.approx(reference.objective, rel=1e-5)
+    assert _summary_value(out, "dtype") == fit_options.get("dtype", "float32")
+    assert _summary_value(out, "method") == f"exact, engine {fit_options.get('engine', 'dense')}"
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".npy"])
+def test_sample_weight_file(tmp_path, capsys, suffix):
+    """--sample-weight FILE: one weight per row; the CLI's labels and objective are the weighted fit's, and
+    extreme weights (1e-30 next to 1e30) are taken as given."""
+    rng = np.random.default_rng(11)
+    X = np.vstack([rng.normal(size=(40, 2)), rng.normal(size=(40, 2)) + [3.0, 0.0], rng.normal(size=(40, 2)) * 3])
+    weights = rng.choice([1e-30, 1.0, 1e30], size=len(X))
+    np.save(tmp_path / "x.npy", X)
+    if suffix == ".csv":
+        np.savetxt(tmp_path / "w.csv", weights, header="weight", comments="")
+    else:
+        np.save(tmp_path / "w.npy", weights)
+    labels = _fit_and_labels(tmp_path / "x.npy", tmp_path, ["--sample-weight", str(tmp_path / f"w{suffix}")])
+    out = capsys.readouterr().out
+    reference = kkmgpu.fit(X, 3, device="cpu", random_state=0, sample_weight=weights)
+    unweighted = kkmgpu.fit(X, 3, device="cpu", random_state=0)
+    np.testing.assert_array_equal(labels, reference.labels)
+    assert float(_summary_value(out, "objective")) == pytest.approx(reference.objective, rel=1e-5)
+    assert reference.objective != pytest.approx(unweighted.objective, rel=1e-3)  # the weights mattered
+    assert _summary_value(out, "sample weights").startswith(f"{tmp_path / f'w{suffix}'} (120 weights")
+
+
+def test_sample_weight_file_errors(blobs_csv, tmp_path, capsys):
+    np.save(tmp_path / "short.npy", np.ones(89))
+    np.save(tmp_path / "wide.npy", np.ones((90, 2)))
+    np.save(tmp_path / "negative.npy", np.r_[-1.0, np.ones(89)])
+    for name, expected in (("short", "89 weights for the 90 rows"), ("wide", "expected one column"),
+                           ("negative", "--sample-weight")):
+        assert main(["fit", str(blobs_csv), "-k", "3", "--device", "cpu", "--sample-weight",
+                     str(tmp_path / f"{name}.npy")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("kkmgpu: error: ") and expected in err and err.count("\n") == 1, err
+
+
+def _labelled_blobs(tmp_path, rng, n_labels=3):
+    centres = rng.normal(scale=6.0, size=(n_labels, 2))
+    y = rng.integers(1, n_labels + 1, 150)
+    X = centres[y - 1] + rng.normal(scale=0.5, size=(150, 2))
+    path = tmp_path / "labelled.csv"
+    np.savetxt(path, np.column_stack([X, y]), delimiter=",", header="x1,x2,label", comments="")
+    return path
+
+
+def test_a_label_like_last_column_is_named(tmp_path, capsys, rng):
+    """Without --labels-last-column, a last column of 3 distinct integers beside real-valued columns is clustered
+    with a warning that names both ways out; --no-labels-last-column silences it, --labels-last-column uses it."""
+    path = _labelled_blobs(tmp_path, rng)
+    assert main(["fit", str(path), "-k", "3", "--device", "cpu", "--seed", "0", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "(150 x 3)" in captured.out
+    warning = [line for line in captured.err.splitlines() if "last column" in line]
+    assert len(warning) == 1 and warning[0].startswith("kkmgpu: warning: the last column of ")
+    assert "3 distinct integers (1 to 3)" in warning[0]
+    assert "--labels-last-column" in warning[0] and "--no-labels-last-column" in warning[0]
+    assert main(["fit", str(path), "-k", "3", "--device", "cpu", "--seed", "0", "--no-progress",
+                 "--no-labels-last-column"]) == 0
+    captured = capsys.readouterr()
+    assert "last column" not in captured.err and "(150 x 3)" in captured.out
+    assert main(["fit", str(path), "-k", "3", "--device", "cpu", "--seed", "0", "--no-progress",
+                 "--labels-last-column"]) == 0
+    captured = capsys.readouterr()
+    assert "last column" not in captured.err and "(150 x 2)" in captured.out
+
+
+@pytest.mark.parametrize("case", ["real last column", "integer data", "many values", "constant"])
+def test_label_column_detection_rule(rng, case):
+    from kkmgpu.cli.commands import label_column_reason
+
+    X = np.column_stack([rng.normal(size=(200, 2)), rng.integers(0, 4, 200)]).astype(np.float64)
+    assert label_column_reason(X, 3) == "holds only 4 distinct integers (0 to 3)"
+    if case == "real last column":
+        X[:, -1] += 0.5
+    elif case == "integer data":  # pixel-like counts: the last column is one feature among others
+        X[:, :-1] = rng.integers(0, 256, (200, 2))
+    elif case == "many values":
+        X[:, -1] = rng.integers(0, 60, 200)
+    else:
+        X[:, -1] = 7.0
+    assert label_column_reason(X, 3) is None

@@ -2,6 +2,7 @@
 with the comparison harness, ``kkmgpu.compare``)."""
 
 import argparse
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.methods import registry as _methods
 from kkmgpu import demo as _demo
 from kkmgpu.metrics import nmi
-from kkmgpu.cli.wording import device_note, format_number
+from kkmgpu import _validation
+from kkmgpu import _warn
+from kkmgpu.cli.wording import cli_text, device_note, format_number, short_warnings
 
 KERNELS = ("rbf", "polynomial", "sigmoid", "linear", "laplacian")
 
@@ -41,7 +44,8 @@ def main(argv=None):
     int
         The exit status: 0 on success, 2 on a usage error or an error the library reports
         (printed to stderr as ``kkmgpu: error: <message>``), 130 when interrupted (Ctrl-C; one line on
-        stderr, no traceback).
+        stderr, no traceback). Warnings are printed to stderr as ``kkmgpu: warning: <message>``, each once;
+        library messages name the command line's options (``--device cpu``, not ``device='cpu'``).
 
     Examples
     --------
@@ -55,9 +59,10 @@ def main(argv=None):
     except SystemExit as exc:  # --help, --version and usage errors: argparse has already printed the message
         return 0 if exc.code is None else exc.code
     try:
-        return args.handler(args)
+        with short_warnings():
+            return args.handler(args)
     except USER_ERRORS as exc:
-        print(f"kkmgpu: error: {exc}", file=sys.stderr)
+        print(f"kkmgpu: error: {cli_text(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"kkmgpu: interrupted ({args.command} stopped)", file=sys.stderr)
@@ -104,8 +109,9 @@ def _build_parser():
     fit.add_argument("--coef0", type=float, default=None, metavar="C",
                      help="polynomial/sigmoid offset (default: 1)")
     _add_device_argument(fit)
-    fit.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                     help="precision of the kernel matrix (default: float32)")
+    fit.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32",
+                     help="storage precision of the kernel matrix; float16 halves its memory (computed in float32, "
+                          "rounded on storage; not with --method eigen) (default: float32)")
     fit.add_argument("--gemm-precision", choices=_gemm.PRECISIONS, default=_gemm.DEFAULT_PRECISION,
                      help="GPU GEMM precision of the kernel products: 3xtf32 (float32-level error on tensor cores), "
                           f"fp32 or tf32 (fastest, about 1e-4 error); the CPU computes float32 (default: "
@@ -116,6 +122,15 @@ def _build_parser():
                      help='number of initialisations, best objective kept (default: "auto")')
     fit.add_argument("--max-iter", type=int, default=300, metavar="M",
                      help="most assignment steps per initialisation (default: 300)")
+    fit.add_argument("--tol", type=float, default=_FIT_DEFAULTS["tol"], metavar="T",
+                     help="stop when the objective improves by at most T times its value (default: "
+                          f"{_FIT_DEFAULTS['tol']:g}); iterations always stop when no point moves")
+    fit.add_argument("--engine", choices=_validation.ENGINES, default="auto",
+                     help="--method exact: dense keeps the n x n kernel matrix, tiled never forms it (O(n d) memory, "
+                          "recomputes kernel tiles every iteration); auto: dense when K fits (default: auto)")
+    fit.add_argument("--sample-weight", type=Path, default=None, metavar="WEIGHTS",
+                     help="a .csv or .npy file of one non-negative weight per row of DATA (a single column, "
+                          "optional header): weighted cluster means and objective")
     fit.add_argument("--seed", type=int, default=None, metavar="S",
                      help="random seed, for reproducible labels (default: unseeded)")
     fit.add_argument("--method", choices=tuple(_methods.METHODS), default="exact",
@@ -136,9 +151,11 @@ def _build_parser():
                           "default: 10)")
     fit.add_argument("--samples-per-cluster", type=int, default=None, metavar="L",
                      help="cats: points sampled per cluster and iteration (default: ceil(sqrt(n / k)))")
-    fit.add_argument("--labels-last-column", action="store_true",
+    fit.add_argument("--labels-last-column", action=argparse.BooleanOptionalAction, default=None,
                      help="the last column holds true labels: cluster the other columns and report NMI and ARI "
-                          "against it")
+                          "against it. Without either option, a last column of few distinct integers beside "
+                          "non-integer columns is clustered with a warning; --no-labels-last-column clusters every "
+                          "column without it")
     fit.add_argument("--standardize", action="store_true",
                      help="scale every feature to zero mean and unit variance first")
     fit.add_argument("--verbose", action="store_true", help="print the objective at every iteration")
@@ -162,6 +179,9 @@ def _build_parser():
     compare.add_arguments(comparison)
     comparison.set_defaults(handler=compare.run_from_args)
     return parser
+
+
+_FIT_DEFAULTS = {name: p.default for name, p in inspect.signature(kkmgpu.fit).parameters.items()}
 
 
 def _add_device_argument(parser):
@@ -208,11 +228,18 @@ def _run_fit(args):
     if args.output is not None:
         _check_output_path(args.output)
     X = datasets.load_array(args.data)
+    sample_weight = None if args.sample_weight is None else _load_weights(args.sample_weight, X.shape[0], args.data)
     y_true = None
     if args.labels_last_column:
         if X.shape[1] < 2:
             raise ValueError(f"--labels-last-column needs at least 2 columns; {args.data} has {X.shape[1]}.")
         X, y_true = X[:, :-1], X[:, -1]
+    elif args.labels_last_column is None:
+        looks_like_labels = label_column_reason(X, args.k)
+        if looks_like_labels:
+            _warn.warn(f"the last column of {args.data} {looks_like_labels}, like a column of labels, and is "
+                       "clustered as a feature. Pass --labels-last-column to score against it instead (NMI and "
+                       "ARI), or --no-labels-last-column to cluster every column without this warning.", UserWarning)
     if args.standardize:
         std = X.std(axis=0)
         X = (X - X.mean(axis=0)) / np.where(std > 0, std, 1.0)
@@ -220,6 +247,7 @@ def _run_fit(args):
         X, args.k, kernel=args.kernel, gamma=args.gamma, degree=args.degree, coef0=args.coef0,
         device=args.device, dtype=args.dtype, init=args.init, n_init=args.n_init, max_iter=args.max_iter,
         random_state=args.seed, verbose=args.verbose, method=args.method, gemm_precision=args.gemm_precision,
+        tol=args.tol, engine=args.engine, sample_weight=sample_weight,
         progress=sys.stderr.isatty() if args.progress is None else args.progress,
         n_samples_per_cluster=args.samples_per_cluster, n_components=args.n_components,
         n_landmarks=args.n_landmarks, landmarks=args.landmarks,
@@ -239,7 +267,10 @@ def _run_fit(args):
         ("dtype", result.dtype),
         *([("GEMM precision", _gemm_summary(result.method_params))] if result.method_params.get("gemm_mode") else []),
         ("method", result.method + (f" (l={result.method_params['l']}, stopped: {result.stop_reason})"
-                                    if result.method == "cats" else "")),
+                                    if result.method == "cats" else "")
+         + (f", engine {result.method_params['engine']}" if "engine" in result.method_params else "")),
+        *([("sample weights", f"{args.sample_weight} ({sample_weight.size} weights, sum "
+                              f"{format_number(float(sample_weight.sum()))})")] if sample_weight is not None else []),
         ("objective", format_number(result.objective) + {"cats": " (approximate distortion)",
                                                          "approx": " (approximate objective)"}.get(result.method, "")
          + {"ncut": " (normalized cut)", "ratio_association": " (minus the ratio association)"}.get(
@@ -280,6 +311,43 @@ def _run_fit(args):
     for name, value in summary:
         print(f"{name:<{width}}  {value}")
     return 0
+
+
+#: a last column with at most this many distinct integers (and at most max(2 K, 10)) may be labels
+LABEL_COLUMN_MAX_VALUES = 50
+
+
+def label_column_reason(X, k):
+    """How the last column of X looks like class labels (the words for a warning), or None.
+
+    It does when it holds only integers, between 2 and min(50, max(2 k, 10)) distinct values and fewer than half
+    the rows, while the other columns are not all integers (in integer data, such as pixel counts, a last
+    integer column is just another feature).
+    """
+    if X.ndim != 2 or X.shape[1] < 2:
+        return None
+    last, rest = X[:, -1], X[:, :-1]
+    if not (np.all(np.isfinite(last)) and np.all(last == np.round(last))):
+        return None
+    values = np.unique(last)
+    if not 2 <= values.size <= min(LABEL_COLUMN_MAX_VALUES, max(2 * k, 10), (X.shape[0] - 1) // 2):
+        return None
+    finite_rest = rest[np.isfinite(rest)]
+    if np.all(finite_rest == np.round(finite_rest)):
+        return None
+    return f"holds only {values.size} distinct integers ({values[0]:g} to {values[-1]:g})"
+
+
+def _load_weights(path, n_rows, data_path):
+    """``--sample-weight``: one weight per row of the data, from a single-column .csv or a 1-D .npy file."""
+    weights = datasets.load_array(path)
+    if weights.shape[1] != 1:
+        raise ValueError(f"--sample-weight {path}: expected one column (one weight per row of {data_path}); "
+                         f"found {weights.shape[1]} columns.")
+    if weights.shape[0] != n_rows:
+        raise ValueError(f"--sample-weight {path}: {weights.shape[0]} weights for the {n_rows} rows of {data_path}; "
+                         "give one weight per row.")
+    return weights[:, 0]
 
 
 def _gemm_summary(params):
