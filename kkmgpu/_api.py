@@ -21,7 +21,7 @@ from kkmgpu.methods import exact, cats, eigen, trimmed, approx  # noqa: F401  (e
 from kkmgpu.methods import graphcut
 from kkmgpu._progress import check_progress, scope as progress_scope
 from kkmgpu._result import KernelKMeansResult, in_user_units
-from kkmgpu.bandwidth import search_bandwidth
+from kkmgpu import _gamma_search
 
 __all__ = ["fit", "predict", "kernel_matrix"]
 
@@ -306,7 +306,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
                          "for kernel k-means use 'k-means++', 'random' or an array of labels.")
     if isinstance(gamma, str) and gamma == "search":  # the Off-the-grid search, then this fit at the best gamma
         call = {name: value for name, value in locals().items() if name not in ("X", "k", "gamma")}
-        return _fit_with_search(X, k, fit_kwargs=call)
+        return _gamma_search.fit_with_search(X, k, fit_kwargs=call, fit=fit)
     with progress_scope(progress):
         return _fit(X, k, kernel=kernel, gamma=gamma, degree=degree, coef0=coef0, kernel_params=kernel_params,
                     method=method, device=device, dtype=dtype, init=init, n_init=n_init, max_iter=max_iter,
@@ -442,7 +442,7 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
     dt = _kernel_spec.compute_dtype(np.dtype(result.dtype))
     k = result.n_clusters
     with backend.activate():
-        X_new = _validation.check_data(X_new, backend, name="X_new")
+        X_new = _validation.check_data(X_new, backend, name="X_new", kernel_rows=spec.name == "precomputed")
         if spec.name == "precomputed":
             if X_new.shape[1] != result._n_train:
                 raise ValueError(f"X_new has {X_new.shape[1]} columns; with kernel='precomputed' it must be the "
@@ -452,49 +452,10 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
                              f"{result._train_features.shape[1]}.")
         if spec.name == "precomputed" and spec.value_scale != 1.0:  # the fit ran on K / value_scale
             X_new = X_new * (1.0 / spec.value_scale)
-        if result._trim_state is not None:  # trimmed, or a sparse precomputed K: nearest on the sparse K*
-            return trimmed.predict(result, X_new, backend, dt, batch_size)
-        return _methods.METHODS[result.method].predict(result, X_new, backend, dt, batch_size)
-
-
-# --- fit(gamma="search") -------------------------------------------------------------------------------------
-
-def _fit_with_search(X, k, *, fit_kwargs):
-    """:func:`kkmgpu.fit` with ``gamma="search"``: the best clustering of :func:`search_bandwidth`, refit.
-
-    The search runs with the call's k, init, random_state, sample_weight, max_iter, tol, device and dtype
-    (float16 searches in float32), so ``search_bandwidth`` called with the same values (fit's defaults are
-    init="k-means++" and dtype="float32", not the search's "random" and "float64") finds the same clusterings;
-    kernel k-means is then fit at the best gamma = 1 / sigma from the best clustering's labels (a fixed point
-    there, so normally one step), giving a normal result that predict accepts. The search result is in
-    ``result.method_params["bandwidth_search"]``.
-    """
-    kernel = fit_kwargs.get("kernel", "rbf")
-    if callable(kernel) or _kernel_spec.canonical_kernel_name(kernel) != "rbf":
-        raise ValueError(f"gamma='search' is the Off-the-grid RBF bandwidth search; it needs kernel='rbf', "
-                         f"got kernel={kernel!r}.")
-    method = fit_kwargs.get("method", "exact")
-    if method != "exact":
-        raise ValueError(f"gamma='search' needs method='exact' (the search holds the dense kernel matrix); "
-                         f"got method={method!r}.")
-    init = fit_kwargs.get("init", "k-means++")
-    dtype = _validation.check_dtype(fit_kwargs.get("dtype", "float32"))
-    search_dtype = np.float32 if dtype == np.float16 else dtype
-    t0 = time.perf_counter()
-    rng = _validation.make_rng(fit_kwargs.get("random_state"))
-    search = search_bandwidth(X, k, init=init, sample_weight=fit_kwargs.get("sample_weight"),
-                              max_iter=fit_kwargs.get("max_iter", 300), tol=fit_kwargs.get("tol", 1e-6),
-                              random_state=rng, device=fit_kwargs.get("device", "auto"), dtype=search_dtype,
-                              verbose=fit_kwargs.get("verbose", False), progress=fit_kwargs.get("progress", False))
-    seconds = time.perf_counter() - t0
-    best = search.best
-    kwargs = dict(fit_kwargs)
-    kwargs.update(kernel="rbf", gamma=best.gamma, init=best.labels, n_init=1, random_state=rng)
-    result = fit(X, k, **kwargs)
-    timings = dict(result.timings)
-    timings["bandwidth_search"] = seconds
-    timings["total"] = timings.get("total", 0.0) + seconds
-    method_params = dict(result.method_params)
-    method_params["bandwidth_search"] = search
-    method_params["sigma"] = best.sigma
-    return dataclasses.replace(result, timings=timings, method_params=method_params)
+        predict_rows = trimmed.predict if result._trim_state is not None else _methods.METHODS[result.method].predict
+        if not _sparse.is_sparse(X_new):  # (trimmed, or a sparse precomputed K: nearest on the sparse K*)
+            return predict_rows(result, X_new, backend, dt, batch_size)
+        # sparse kernel rows: dense a batch at a time (the methods' predict reads dense rows)
+        step = batch_size or _kernels.tile_rows(result._n_train, dt.itemsize, backend=backend)
+        return np.concatenate([predict_rows(result, X_new[i0:i0 + step].toarray(), backend, dt, batch_size)
+                               for i0 in range(0, X_new.shape[0], step)])

@@ -87,16 +87,17 @@ def _pandas_to_numpy(X):
     return X.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
-def check_data(X, backend: Backend, *, name="X", square=False):
+def check_data(X, backend: Backend, *, name="X", square=False, kernel_rows=False):
     """Validate a 2-D finite array on ``backend``; returns it on the device (dtype unchanged).
 
     A sparse matrix (scipy.sparse or cupyx.scipy.sparse, CSR/CSC/COO) is accepted only as a square
-    kernel matrix (``square=True``) and comes back as canonical CSR on the device.
+    kernel matrix (``square=True``), or with ``kernel_rows=True`` as rows of one (predict's kernel between new
+    and training points, any shape), and comes back as canonical CSR on the device.
     """
     from kkmgpu.engine import sparse as _sparse
 
     if _sparse.is_sparse(X):
-        return _check_sparse_kernel(X, backend, name, square)
+        return _check_sparse_kernel(X, backend, name, square, kernel_rows)
     X = as_array(X, name)
     if X.ndim != 2:
         raise ValueError(f"{name} must be 2-D (n_samples, n_features); got ndim={X.ndim} with shape {X.shape}.")
@@ -115,13 +116,17 @@ def check_data(X, backend: Backend, *, name="X", square=False):
     return X
 
 
-def _check_sparse_kernel(X, backend: Backend, name, square):
+def _check_sparse_kernel(X, backend: Backend, name, square, kernel_rows=False):
     from kkmgpu.engine import sparse as _sparse
 
-    if not square:
+    if not (square or kernel_rows):
         raise TypeError(f"{name} is a sparse {type(X).__name__}; sparse input is accepted only as a kernel matrix "
                         "(kernel='precomputed'). Pass dense features otherwise.")
-    if X.ndim != 2 or X.shape[0] != X.shape[1] or X.shape[0] < 1:
+    if kernel_rows and not square:
+        if X.ndim != 2 or min(X.shape) < 1:
+            raise ValueError(f"{name} must be kernel rows (n_new, n_train) with at least one of each; got shape "
+                             f"{X.shape}.")
+    elif X.ndim != 2 or X.shape[0] != X.shape[1] or X.shape[0] < 1:
         raise ValueError(f"{name} must be a square kernel matrix (n_samples, n_samples); got shape {X.shape}.")
     if X.dtype.kind not in "biuf":
         raise ValueError(f"{name} has dtype {X.dtype}; a real numeric sparse matrix is required.")

@@ -432,3 +432,41 @@ def test_estimator_without_scikit_learn():
         "NotFittedError True", "0.5 3 True", "True",
         "X has 2 features, but KernelKMeans is expecting 3 features as input.",
         "KernelKMeans(kernel='linear', n_clusters=3)"]
+
+
+def _thresholded_rbf(A, B, gamma, cut):
+    d2 = ((A[:, None, :] - B[None, :, :]) ** 2).sum(axis=2)
+    K = np.exp(-gamma * d2)
+    K[K < cut] = 0.0
+    return K
+
+
+def test_predict_on_sparse_kernel_rows_after_a_sparse_fit(device):
+    """Issue 27: predict on sparse K rows after a sparse-K fit said sparse input needs kernel='precomputed',
+    which it was. The rows (n_new, n_train), CSR or COO, get the float64 reference's nearest cluster
+    (argmin_c -2 sum_{j in c} K_xj / n_c + C_c / n_c^2, from the fit's labels), the labels of the same rows
+    dense, and on the training rows labels_."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(27)
+    X, _ = blobs(150, 2, 3, 27, spread=6.0)
+    X_new = X[rng.choice(150, 40)] + rng.normal(scale=0.3, size=(40, 2))
+    K = _thresholded_rbf(X, X, 0.5, 1e-3)
+    K_new = _thresholded_rbf(X_new, X, 0.5, 1e-3)
+    est = KernelKMeans(3, kernel="precomputed", dtype="float64", n_init=3, random_state=0,
+                       device=device).fit(sp.csr_matrix(K))
+    labels = host(est.labels_)
+    one_hot = np.eye(3)[labels]
+    sizes = one_hot.sum(axis=0)
+    within = np.einsum("ic,ij,jc->c", one_hot, K, one_hot)
+    expected = np.argmin(-2.0 * (K_new @ one_hot) / sizes + within / sizes ** 2, axis=1)
+    for rows in (sp.csr_matrix(K_new), sp.coo_matrix(K_new)):
+        np.testing.assert_array_equal(est.predict(rows), expected)
+        np.testing.assert_array_equal(kkmgpu.predict(est.result_, rows, batch_size=7), expected)
+    np.testing.assert_array_equal(est.predict(K_new), expected)
+    np.testing.assert_array_equal(est.predict(sp.csr_matrix(K)), labels)
+    with pytest.raises(ValueError, match="kernel to the 150 training points"):
+        kkmgpu.predict(est.result_, sp.csr_matrix(K_new[:, :100]))
+    dense_fit = KernelKMeans(3, dtype="float64", random_state=0, device=device).fit(X)
+    with pytest.raises(TypeError, match="kernel='precomputed'"):  # features fit: sparse rows are still refused
+        dense_fit.predict(sp.csr_matrix(X_new))
