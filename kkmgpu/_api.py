@@ -382,15 +382,26 @@ def _fit(X, k, *, kernel, gamma, degree, coef0, kernel_params, method, device, d
 
 
 def _scale_precomputed(K, spec, max_abs, dt, backend):
-    """A precomputed K whose values exceed the storage precision's range, divided by a power of two.
+    """A precomputed K whose values leave the storage precision's range, divided by a power of two.
 
     The clustering does not depend on a common scale of K; ``spec.value_scale`` records the divisor and
-    the objectives are reported in K's units. Values are kept below :func:`_kernel_spec.storage_limit`.
+    the objectives are reported in K's units. Values are kept below :func:`_kernel_spec.storage_limit`, and a K
+    whose largest |value| is below the dtype's smallest normal number times 2**FLOOR_BITS (float32 subnormals:
+    K * 1e-45 rounds to a few multiples of 1.4e-45) is brought up to a largest |value| in [1, 2) (float16: [0.5, 1)).
     """
     limit = _kernel_spec.storage_limit(dt, K.shape[0])
-    if not max_abs > limit:
+    floor = min(float(np.finfo(dt).tiny) * 2.0 ** _kernel_spec.FLOOR_BITS, limit / 2)
+    if max_abs > limit:
+        bits = math.ceil(math.log2(max_abs) - math.log2(limit))
+    elif 0 < max_abs < floor:
+        given = np.dtype(K.dtype) if np.dtype(K.dtype).kind == "f" else np.dtype(np.float64)
+        if max_abs < np.finfo(given).tiny:
+            raise ValueError(f"the precomputed kernel's largest |value| is {max_abs:.3g}, below {given.name}'s "
+                             f"smallest normal number ({float(np.finfo(given).tiny):.3g}): every value is subnormal "
+                             "and has lost its precision. Scale K (or pass it in float64).")
+        bits = math.floor(math.log2(max_abs)) - min(0, math.floor(math.log2(limit)) - 1)
+    else:
         return K, spec
-    bits = math.ceil(math.log2(max_abs) - math.log2(limit))
     if not _sparse.is_sparse(K):
         _kernels.check_fits(K.nbytes, backend, f"the rescaled copy of the {K.shape[0]} x {K.shape[0]} kernel matrix")
     K = K * (2.0 ** -bits)

@@ -32,6 +32,7 @@ from kkmgpu._result import KernelKMeansResult
 from kkmgpu.backend.device import check_fits
 from kkmgpu.engine.embedding import EmbeddingOperator
 from kkmgpu.engine.lloyd import run_restarts
+from kkmgpu.engine.sampled import exact_objective
 from kkmgpu.engine.source import KernelSource
 from kkmgpu.engine.sampling import d2_sample_distinct
 from kkmgpu.kernels import blocks as _kernels
@@ -60,16 +61,25 @@ class ApproxState:
 
 
 def check(method, ctx, values):
-    """``n_landmarks`` (None or an integer in [k, number of points with positive weight]) and ``landmarks``."""
+    """``n_landmarks`` (None or an integer in [k, number of points with positive weight]) and ``landmarks`` (a
+    strategy of LANDMARK_STRATEGIES, or the landmarks' indices: :func:`check_landmark_index`)."""
     m, strategy = values["n_landmarks"], values["landmarks"]
+    given = not isinstance(strategy, str)
     if method != "approx":
         if m is not None:
             raise ValueError(f"n_landmarks={m!r} only applies to method='approx' (method={method!r}).")
-        if strategy != "uniform":
-            raise ValueError(f"landmarks={strategy!r} only applies to method='approx' (method={method!r}).")
+        if given or strategy != "uniform":
+            raise ValueError(f"landmarks={_describe(strategy)} only applies to method='approx' (method={method!r}).")
         return None
+    if given:
+        index = check_landmark_index(strategy, ctx.n, ctx.k)
+        if m is not None and _validation.check_int(m, "n_landmarks", minimum=1) != index.size:
+            raise ValueError(f"n_landmarks={m} differs from the {index.size} indices given as landmarks; give one "
+                             "of the two (n_landmarks=None with landmarks as indices).")
+        return {"n_landmarks": int(index.size), "landmarks": index}
     if strategy not in LANDMARK_STRATEGIES:
-        raise ValueError(f"landmarks={strategy!r} is not one of {', '.join(map(repr, LANDMARK_STRATEGIES))}.")
+        raise ValueError(f"landmarks={strategy!r} is not one of {', '.join(map(repr, LANDMARK_STRATEGIES))}, nor "
+                         "an array of sample indices.")
     eligible = int((np.asarray(ctx.weights_h) > 0).sum())
     if m is None:
         m = min(eligible, default_landmarks(ctx.n, ctx.k))
@@ -82,8 +92,52 @@ def check(method, ctx, values):
     return {"n_landmarks": m, "landmarks": strategy}
 
 
+def _describe(value):
+    """A short repr of a landmarks argument (an index array's shape and dtype, not its values)."""
+    if isinstance(value, str):
+        return repr(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"<array of shape {tuple(shape)} and dtype {getattr(value, 'dtype', '?')}>"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_landmark_index(landmarks, n, k) -> np.ndarray:
+    """Landmarks given as sample indices: a 1-D array-like of at least k distinct integers in [0, n) (a zero
+    sample_weight is allowed: the centres may lie in the span of any points). Returns them sorted, host int64."""
+    what = f"landmarks={_describe(landmarks)}"
+    index = landmarks.get() if hasattr(landmarks, "get") else landmarks  # a CuPy array: its values on the host
+    try:
+        index = np.asarray(index)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} is not one of {', '.join(map(repr, LANDMARK_STRATEGIES))}, nor an array of "
+                         "sample indices.") from exc
+    if index.ndim != 1:
+        raise ValueError(f"{what} must be 'uniform', 'kmeans++' or a 1-D array of sample indices; got "
+                         f"{index.ndim} dimension(s).")
+    if index.dtype == bool:
+        raise ValueError(f"{what} is a boolean mask; give the landmarks' indices (np.flatnonzero(mask)).")
+    if index.size and index.dtype.kind not in "iu":
+        raise ValueError(f"{what} must hold integer sample indices; got dtype {index.dtype}.")
+    index = index.astype(np.int64)
+    if index.size < k:
+        raise ValueError(f"{what} gives {index.size} landmarks; at least k={k} are needed (the k centres lie in "
+                         "their span).")
+    outside = index[(index < 0) | (index >= n)]
+    if outside.size:
+        raise ValueError(f"{what} holds the index {int(outside[0])}, outside [0, {n}) (n_samples={n}).")
+    index = np.sort(index)
+    repeated = index[1:][index[1:] == index[:-1]]
+    if repeated.size:
+        raise ValueError(f"{what} holds the index {int(repeated[0])} more than once; the landmarks must be "
+                         "distinct samples.")
+    return index
+
+
 def choose_landmarks(strategy, m, weights_h, rng, source: KernelSource | None = None, diag=None) -> np.ndarray:
-    """The landmarks' indices, sorted: m distinct points with a positive weight.
+    """The landmarks' indices, sorted: m distinct points with a positive weight (``strategy``: given indices,
+    returned as they are).
 
     "uniform": drawn uniformly without replacement. "kmeans++": D^2 sampling in the kernel's feature space (the
     seeding of k-means++, with m seeds): the first with probability proportional to its weight, each next with
@@ -92,6 +146,8 @@ def choose_landmarks(strategy, m, weights_h, rng, source: KernelSource | None = 
     (:func:`kkmgpu.engine.sampling.d2_sample_distinct`: the m uniforms drawn on the host first, one transfer of
     the indices at the end).
     """
+    if not isinstance(strategy, str):
+        return strategy
     w = np.asarray(weights_h, dtype=np.float64)
     eligible = np.flatnonzero(w > 0)
     if strategy == "uniform":
@@ -106,6 +162,19 @@ def choose_landmarks(strategy, m, weights_h, rng, source: KernelSource | None = 
     index = d2_sample_distinct(backend.asarray(diag, dtype=np.float64), backend.asarray(w), m, rng.random(m), column,
                                backend)
     return np.sort(backend.to_host(index)).astype(np.int64)
+
+
+#: float64 m x m arrays held at once while K_BB is decomposed: K_BB itself, eigh's copy of it, the eigenvectors and
+#: LAPACK syevd's workspace (about 2 m^2 values); K_BB in the compute precision comes before them.
+EIGH_MATRICES = 5
+
+
+def check_landmark_memory(m, compute, backend):
+    """Raise :class:`kkmgpu.backend.device.InsufficientMemoryError` (a MemoryError naming n_landmarks and the bytes)
+    unless K_BB and its eigendecomposition fit the device: checked before the landmarks are drawn."""
+    need = m * m * (np.dtype(compute).itemsize + 8 * EIGH_MATRICES)
+    check_fits(need, backend, f"the {m} x {m} landmark kernel matrix K_BB of method='approx' (n_landmarks={m}) and "
+               f"its float64 eigendecomposition")
 
 
 def nystrom_features(source: KernelSource, index, backend, verbose=False):
@@ -138,11 +207,23 @@ def nystrom_features(source: KernelSource, index, backend, verbose=False):
         A[i0:i1] = source.block(i0, i1, samples, columns).astype(compute, copy=False) @ projection
     diagnostics = {"n_landmarks": m, "n_components_used": r, "memory_reduction": m / n,
                    "negative_eigenvalues": int((eigenvalues < 0).sum()),
-                   "dropped_eigenvalues": int(m - r)}
+                   "dropped_eigenvalues": int(m - r),
+                   "smallest_eigenvalue": float(eigenvalues[0]), "eigenvalue_cutoff": cutoff}
     if verbose:
         print(f"[kkmgpu] approx: {m} landmarks, Nystrom features of rank {r} "
               f"({m - r} eigenvalues of K_BB dropped, {diagnostics['negative_eigenvalues']} negative)")
     return A, projection, diagnostics
+
+
+def bound_holds(spec, diagnostics) -> bool:
+    """Whether the approximate objective bounds the exact objective of its labels from above: the kernel is
+    positive semi-definite as far as the fit can tell. Not for the sigmoid kernel, a polynomial one with coef0 < 0
+    (neither is PSD in general), or any kernel whose K_BB has an eigenvalue below -cutoff (the pseudo-inverse's
+    m * eps * the largest, which bounds the rounding of a PSD K_BB's eigenvalues): K_BB is a principal submatrix
+    of K, so K is then not PSD."""
+    if spec.name == "sigmoid" or (spec.name == "polynomial" and spec.coef0 < 0):
+        return False
+    return not diagnostics["smallest_eigenvalue"] < -diagnostics["eigenvalue_cutoff"]
 
 
 def run(ctx, params):
@@ -155,6 +236,7 @@ def run(ctx, params):
         source_array, features = backend.asarray(X, dtype=ct), None
     else:
         source_array = features = _kernels.prepare_features(X, spec, backend, ct)
+    check_landmark_memory(params["n_landmarks"], ct, backend)
     source = KernelSource(source_array, spec, backend)
     diag = source.diagonal()
     index = choose_landmarks(params["landmarks"], params["n_landmarks"], ctx.weights_h, ctx.rng, source, diag)
@@ -162,10 +244,22 @@ def run(ctx, params):
     weights = backend.asarray(ctx.weights_h)
     t_kernel = backend.timer()
     operator = EmbeddingOperator(A, weights, backend)
-    # the approximate objective of Chitta et al. is the embedding's plus sum_i w_i (K_ii - ||a_i||^2)
-    offset = float((weights * (diag - operator.diag)).sum())
     best, runs, init_seconds = run_restarts(operator, k, init=ctx.init, n_init=ctx.n_init, max_iter=ctx.max_iter,
                                             tol=ctx.tol, rng=ctx.rng, verbose=ctx.verbose, update="full")
+    t_exact = None
+    if bound_holds(spec, diagnostics):
+        # the approximate objective of Chitta et al. is the embedding's plus sum_i w_i (K_ii - ||a_i||^2)
+        offset = float((weights * (diag - operator.diag)).sum())
+        objectives = [r.objective + offset for r in runs]
+        reported, exact = "approximate", None
+    else:
+        # no bound without PSD: each restart's labels scored by the exact objective (O(sum_c n_c^2 d)), the lowest
+        # chosen; the history stays the embedding's objective, the one the iterations minimise
+        offset, t0 = 0.0, backend.timer()
+        objectives = [exact_objective(source, backend.to_host(r.labels).astype(np.int64), ctx.weights_h, k, diag)
+                      for r in runs]
+        best = runs[int(np.argmin(objectives))]
+        reported, exact, t_exact = "exact", float(min(objectives)), backend.timer() - t0
     M = operator.centroid_sums(best.labels, k)
     state = ApproxState(index=index, projection=projection, centroid_sums=M,
                         within=backend.to_host((M * M).sum(axis=1)), sizes=np.asarray(best.sizes, dtype=np.float64))
@@ -178,16 +272,18 @@ def run(ctx, params):
         "iterations": float(sum(r.seconds for r in runs)),
         "total": t_end - ctx.t_start,
     }
-    method_params = dict(params, **diagnostics)
+    if t_exact is not None:
+        timings["exact_objective"] = t_exact
+    method_params = dict(params, **diagnostics, reported_objective=reported)
     return KernelKMeansResult(
         labels=best.labels if ctx.keep_on_device else backend.to_host(best.labels).astype(np.int32),
-        objective=float(best.objective) + offset,
+        objective=float(best.objective) + offset if exact is None else exact,
         objective_history=np.asarray(best.history, dtype=np.float64) + offset, n_iter=int(best.n_iter),
         converged=bool(best.converged), n_clusters=k, method="approx", kernel=spec.name,
         kernel_params=spec.resolved_params, device=backend.name, dtype=dt.name, timings=timings,
         cluster_sizes=best.sizes.copy(), n_init=ctx.n_init,
-        objectives=np.array([r.objective + offset for r in runs], dtype=np.float64), sample_weight=ctx.weights_h,
-        exact_objective=None, stop_reason=best.stop_reason, method_params=method_params,
+        objectives=np.array(objectives, dtype=np.float64), sample_weight=ctx.weights_h,
+        exact_objective=exact, stop_reason=best.stop_reason, method_params=method_params,
         _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
         _within=best.within.copy(), _n_train=n, _approx_state=state)
 
