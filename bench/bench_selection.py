@@ -545,7 +545,7 @@ def report(document, full=False) -> str:
                 else:
                     cells.append(f"{scores[w]:.3f}")
             lines.append(f"| {s} | {n} | {k} | {best} | {scores[best]:.3f} | " + " | ".join(cells) + " |")
-        lines += ["", f"Below half of the best ({half}): " + ("none." if not below else ""), *[f"- {b}" for b in below]]
+        lines += ["", f"Below half of the best ({half}):" + (" none." if not below else ""), *[f"- {b}" for b in below]]
         if full:
             lines += ["", f"All NMI ({half}):", "", "| contestant | " + " | ".join(members) + " |",
                       "|---|" + "---|" * len(members)]
