@@ -240,10 +240,12 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         method="approx": the number m of landmarks, k <= m <= the number of samples with a positive weight.
         Default min(n, max(1000, 20 k)). Memory and the feature build grow as n m; m = n is exact kernel
         k-means on a positive definite kernel.
-    landmarks : {"uniform", "kmeans++"}, default="uniform"
+    landmarks : {"uniform", "kmeans++"} or array-like of int, default="uniform"
         method="approx": how the landmarks are drawn among the samples with a positive weight, from
         ``random_state``: uniformly without replacement, or by k-means++'s D^2 sampling in the kernel's feature
-        space (m passes over the data; it covers small clusters).
+        space (m passes over the data; it covers small clusters); or the landmarks' sample indices, at least k
+        distinct integers in [0, n). For a kernel that is not positive semi-definite ``objective`` is the exact
+        one of the labels (docs/approx.md).
     objective : {"kernel_kmeans", "ncut", "ratio_association"}, default="kernel_kmeans"
         "ncut" minimises the normalized cut of an affinity graph, "ratio_association" maximises its ratio
         association, both as weighted kernel k-means on the sparse graph kernel (Dhillon, Guan and Kulis,

@@ -16,9 +16,19 @@ at a time: K_B is never held whole) and runs the one Lloyd driver on
 
 The pseudo-inverse drops the eigenvalues of K_BB at or below m * eps * the largest (eps of the compute precision),
 and every negative one (the sigmoid kernel is not positive semi-definite), as the eigen method's prediction does.
-The reported objective is the approximate one, sum_i w_i dist(i, label_i) with the formula above: an upper bound of
-the exact kernel k-means objective of the same labels (the centres are restricted). Memory: A in float64 (8 n r
-bytes), one tile of K_B and K_BB (m x m); never an n x n matrix.
+
+The reported objective. For a positive semi-definite (PSD) kernel it is the approximate one, sum_i w_i
+dist(i, label_i) with the formula above: an upper bound of the exact kernel k-means objective of the same labels
+(the centres are restricted to a subspace of the feature space), and restarts are chosen by it. Without PSD there is
+no feature space and no bound: K_ii - ||a_i||^2 is no longer >= 0 (the Schur complement of K_BB) and the approximate
+value can be anything (-32.9 where the exact objective of its labels is 2.25, sigmoid kernel). So where the kernel is
+not PSD (:func:`bound_holds`: the sigmoid kernel, a polynomial one with coef0 < 0, or any K_BB with an eigenvalue
+below -m eps lambda_max), every restart's labels are scored by their exact objective (in tiles, O(sum_c n_c^2 d)
+kernel evaluations per restart, no n x n matrix held), the lowest is kept and reported as ``objective`` and
+``exact_objective``; ``method_params["reported_objective"]`` says which ("approximate" or "exact").
+
+Memory: K_BB and its float64 eigendecomposition (about (itemsize + 40) m^2 bytes, checked before the landmarks are
+drawn), A in float64 (8 n r bytes) and one tile of K_B; never an n x n matrix.
 """
 
 from __future__ import annotations
