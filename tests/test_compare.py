@@ -12,6 +12,7 @@ import csv
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 import kkmgpu
+from conftest import write_shape_csv
 from kkmgpu import compare
 from kkmgpu.cli import main
 from kkmgpu.compare import contestants, data, report as report_module, runner
@@ -141,6 +143,7 @@ def test_missing_package_and_missing_feature_are_skipped(monkeypatch):
     monkeypatch.setitem(sys.modules, "tslearn", None)  # import tslearn now raises ImportError
     monkeypatch.setitem(sys.modules, "tslearn.clustering", None)
     monkeypatch.delattr(kkmgpu, "search_bandwidth", raising=False)
+    monkeypatch.delitem(getattr(kkmgpu, "_LAZY", {}), "search_bandwidth", raising=False)  # PEP 562 lazy names
     report = compare.run_comparison(dataset_names=[], method_names=["tslearn-kernelkmeans", "kkmgpu-search",
                                                                     "sklearn-kmeans"],
                                     scenarios=False, device="cpu", verbose=False)
@@ -245,3 +248,55 @@ def test_import_kkmgpu_does_not_load_the_comparison():
     code = "import kkmgpu, sys; print([m for m in sys.modules if m.startswith('kkmgpu.compare')])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
     assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- issue 27 point 7: a fresh install
+
+
+def test_quick_on_a_fresh_install_runs_generated_sets_and_says_what_it_skipped(tmp_path, monkeypatch, capsys):
+    """Installed (no checkout, no KKMGPU_DATA_DIR), ``kkmgpu compare --quick`` clusters the sets kkmgpu generates
+    as well as wine, never looks beside site-packages, and lists every skipped set with how to provide it."""
+    site_packages = tmp_path / "lib" / "site-packages"
+    site_packages.mkdir(parents=True)
+    monkeypatch.setattr(kkmgpu.datasets, "_REPO_ROOT", site_packages)
+    monkeypatch.delenv("KKMGPU_DATA_DIR", raising=False)
+    monkeypatch.delenv("KKMGPU_MNIST_DIR", raising=False)
+    assert main(["compare", "--quick", "--no-scenarios", "--methods", "kkmgpu-exact", "--out", str(tmp_path),
+                 "--no-plots", "--device", "cpu", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    ran = {row["dataset"] for row in read_csv(tmp_path / "compare.csv")}
+    assert ran == {"circles", "spirals", "wine"}
+    skipped = [line.strip() for line in out.splitlines() if line.startswith("  data set ")]
+    assert [line.split(":")[0] for line in skipped] == ["data set flame", "data set jain", "data set mnist-500"]
+    assert all("KKMGPU_DATA_DIR" in line and "--data-dir" in line for line in skipped), skipped
+    assert "ran 3 data set(s) (circles, spirals, wine); skipped 3:" in out
+    assert "site-packages" not in out
+
+
+@pytest.mark.parametrize("name, generator", [("circles", "make_two_circles"), ("spirals", "make_two_spirals")])
+def test_generated_sets_are_the_datasets_generators(name, generator):
+    X, y = getattr(kkmgpu.datasets, generator)(data.GENERATED_N, random_state=0)
+    dataset = data.load_dataset(name)
+    np.testing.assert_allclose(dataset.X, (X - X.mean(axis=0)) / X.std(axis=0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(dataset.y, y)
+    assert dataset.k == 2
+
+
+def test_an_explicit_data_dir_is_the_only_one_looked_in(tmp_path, monkeypatch):
+    """--data-dir beats $KKMGPU_DATA_DIR, which beats the checkout's shared/data; with --data-dir nothing else is
+    read, for the shape sets and for WiFi alike."""
+    env_dir, explicit = tmp_path / "env", tmp_path / "explicit"
+    for folder, offset in ((env_dir, 0.0), (explicit, 10.0)):
+        (folder / "shapes").mkdir(parents=True)
+        (folder / "uci").mkdir()
+        write_shape_csv(folder / "shapes" / "jain.csv", np.array([[0.0, 1.0], [2.0, 3.0 + offset]]), np.array([0, 1]))
+    np.savetxt(env_dir / "uci" / "wifi_localization.csv", np.c_[np.eye(4), [1, 2, 1, 2]], delimiter=",")
+    monkeypatch.setenv("KKMGPU_DATA_DIR", str(env_dir))
+    assert data.load_dataset("jain").X[1, 1] == pytest.approx(1.0)  # standardised [1, 3]
+    assert data.load_dataset("jain", explicit).X[1, 1] == pytest.approx(1.0)
+    raw_env = kkmgpu.datasets.load_shape_set("jain")[0]
+    assert raw_env[1, 1] == 3.0
+    assert data.load_dataset("wifi").X.shape == (4, 4)
+    expected = re.escape(f"no wifi_localization.csv in {explicit / 'uci'});") + ".*--data-dir"
+    with pytest.raises(data.Unavailable, match=expected):
+        data.load_dataset("wifi", explicit)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kkmgpu.compare.contestants import methods
-from kkmgpu.compare.data import DEFAULT_DATASETS, QUICK_DATASETS
+from kkmgpu.compare.data import DEFAULT_DATASETS, GENERATED, QUICK_DATASETS
 from kkmgpu.compare.report import write_outputs
 from kkmgpu.compare.runner import run_comparison
 
@@ -19,9 +19,11 @@ def add_arguments(parser):
                         help="folder for the .md, .csv, .json and .png outputs (default: the working directory)")
     parser.add_argument("--prefix", default="compare", help="file name stem of the outputs (default: compare)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"small data sets ({', '.join(QUICK_DATASETS)}), small scenarios, one seed")
+                        help=f"small data sets ({', '.join(QUICK_DATASETS)}; circles and spirals are generated, so "
+                             "every installation has them), small scenarios, one seed")
     parser.add_argument("--datasets", type=_name_list, default=None, metavar="A,B,...",
-                        help="comma-separated data sets (default: " + ", ".join(DEFAULT_DATASETS) + ")")
+                        help="comma-separated data sets (default: " + ", ".join(DEFAULT_DATASETS) + "; also "
+                             + ", ".join(GENERATED) + " and mnist-N)")
     parser.add_argument("--methods", type=_name_list, default=None, metavar="A,B,...",
                         help="comma-separated methods (default: all): " + ", ".join(m.name for m in methods()))
     parser.add_argument("--no-scenarios", dest="scenarios", action="store_false",
@@ -29,7 +31,9 @@ def add_arguments(parser):
     parser.add_argument("--seeds", type=int, default=None, metavar="S",
                         help="seeds per scenario point (default: 3, 1 with --quick)")
     parser.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                        help="the shared data folder with shapes/, uci/ and mnist/ (default: kkmgpu's search path)")
+                        help="the data folder with shapes/, uci/ and mnist/, the only one looked in (default: "
+                             "$KKMGPU_DATA_DIR, then shared/data beside a source checkout); sets whose files are "
+                             "missing are skipped and listed at the end")
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="write no PNG plots")
     parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
                         help="where kkmgpu's methods and the metrics run (default: auto)")
@@ -58,4 +62,10 @@ def run_from_args(args):
     paths = write_outputs(report, args.out, args.prefix, plots=args.plots, verbose=verbose)
     for path in paths:
         print(f"wrote {path}")
+    ran = sorted({row["dataset"] for row in report["rows"] if row["section"] == "datasets"})
+    skipped = [item for item in report["skipped"] if item.startswith("data set ")]
+    if skipped:
+        print(f"ran {len(ran)} data set(s) ({', '.join(ran) or 'none'}); skipped {len(skipped)}:")
+        for item in skipped:
+            print(f"  {item}")
     return 0

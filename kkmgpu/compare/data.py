@@ -17,8 +17,14 @@ import numpy as np
 from kkmgpu import datasets
 
 SHAPES = tuple(datasets.SHAPE_SETS)
+#: sets that kkmgpu.datasets generates, so that every installation has data to compare on (600 points, seed 0)
+GENERATED = {"circles": datasets.make_two_circles, "spirals": datasets.make_two_spirals}
+GENERATED_N = 600
 DEFAULT_DATASETS = (*SHAPES, "wifi", "wine", "wdbc", "digits", "mnist-1000", "mnist-2000", "mnist-5000")
-QUICK_DATASETS = ("flame", "jain", "wine", "mnist-500")
+QUICK_DATASETS = (*GENERATED, "flame", "jain", "wine", "mnist-500")
+KNOWN_DATASETS = (*GENERATED, *DEFAULT_DATASETS)
+
+_HOW_TO_POINT_AT_DATA = "set KKMGPU_DATA_DIR or pass --data-dir DIR (docs/data.md says where to get the files)"
 
 
 class Unavailable(Exception):
@@ -60,10 +66,13 @@ def load_dataset(name, data_dir=None) -> Dataset:
     Parameters
     ----------
     name : str
-        A shape set ("aggregation", "compound", "flame", "jain", "r15"), "wifi", "wine", "wdbc", "digits",
-        or "mnist-N" (a sample of N MNIST digits drawn with random_state=0).
+        A generated set ("circles", "spirals": 600 points from :mod:`kkmgpu.datasets`, seed 0, on every
+        installation), a shape set ("aggregation", "compound", "flame", "jain", "r15"), "wifi", "wine", "wdbc",
+        "digits", or "mnist-N" (a sample of N MNIST digits drawn with random_state=0).
     data_dir : path, optional
-        The shared data folder (with ``shapes/``, ``uci/``, ``mnist/``); default kkmgpu's search path.
+        The data folder (with ``shapes/``, ``uci/``, ``mnist/``), then the only one looked in; by default
+        ``$KKMGPU_DATA_DIR``, then, when kkmgpu runs from a source checkout, ``shared/data`` beside it
+        (never a folder beside an installed package).
 
     Returns
     -------
@@ -77,18 +86,22 @@ def load_dataset(name, data_dir=None) -> Dataset:
         For an unknown name or a malformed "mnist-N".
     """
     data_dir = None if data_dir is None else Path(data_dir)
+    if name in GENERATED:
+        X, y = GENERATED[name](GENERATED_N, random_state=0)
+        return Dataset(name, _standardise(X), y, 2,
+                       f"kkmgpu.datasets.{GENERATED[name].__name__}({GENERATED_N}, random_state=0), standardised")
     if name in SHAPES:
-        try:
-            X, y = datasets.load_shape_set(name, None if data_dir is None else data_dir / "shapes")
-        except FileNotFoundError as exc:
-            raise Unavailable(" ".join(str(exc).split())) from None
+        folders = [data_dir / "shapes"] if data_dir is not None else datasets._shared_data_dirs("shapes")
+        path = next((d / f"{name}.csv" for d in folders if (d / f"{name}.csv").is_file()), None)
+        if path is None:
+            raise Unavailable(_not_found(f"shape set {name!r}", f"{name}.csv", folders))
+        X, y = datasets.load_shape_set(name, path)
         return Dataset(name, _standardise(X), y, int(y.max()) + 1, "SIPU shape set, standardised")
     if name == "wifi":
-        candidates = [] if data_dir is None else [data_dir / "uci" / "wifi_localization.csv"]
-        candidates += [d / "wifi_localization.csv" for d in datasets._shared_data_dirs("uci")]
-        path = next((p for p in candidates if p.is_file()), None)
+        folders = [data_dir / "uci"] if data_dir is not None else datasets._shared_data_dirs("uci")
+        path = next((d / "wifi_localization.csv" for d in folders if (d / "wifi_localization.csv").is_file()), None)
         if path is None:
-            raise Unavailable(f"wifi_localization.csv not found (tried {', '.join(map(str, candidates))})")
+            raise Unavailable(_not_found("WiFi", "wifi_localization.csv", folders))
         table = datasets.load_array(path)
         y = table[:, -1].astype(np.int64)
         return Dataset(name, _standardise(table[:, :-1]), y - y.min(), int(np.unique(y).size),
@@ -106,22 +119,30 @@ def load_dataset(name, data_dir=None) -> Dataset:
             n = int(name.split("-", 1)[1])
         except ValueError:
             raise ValueError(f"data set {name!r}: use mnist-N with N an integer number of samples.") from None
+        if data_dir is None and not datasets._mnist_dir_candidates(None):
+            raise Unavailable(_not_found("MNIST", "the four MNIST files", []))
         try:
             X, y = datasets.load_mnist(None if data_dir is None else data_dir / "mnist", n_samples=n,
                                        random_state=0)
         except FileNotFoundError as exc:
-            raise Unavailable(" ".join(str(exc).split())) from None
+            raise Unavailable(" ".join(str(exc).split()) + f" For kkmgpu compare: {_HOW_TO_POINT_AT_DATA}.") from None
         return Dataset(name, np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.int64), 10,
                        f"MNIST, {n} points drawn with random_state=0, pixels / 255")
-    raise ValueError(f"data set {name!r} is not known; use one of {list(DEFAULT_DATASETS)} or mnist-N.")
+    raise ValueError(f"data set {name!r} is not known; use one of {list(KNOWN_DATASETS)} or mnist-N.")
+
+
+def _not_found(what, file_name, folders):
+    """Why a data set is unavailable: the folders looked in (or that none was named), and how to name one."""
+    where = f"no {file_name} in {', '.join(map(str, folders))}" if folders else "no data folder is set"
+    return f"{what} not found ({where}); {_HOW_TO_POINT_AT_DATA}"
 
 
 def _check_dataset_name(name):
-    if name in DEFAULT_DATASETS or name in ("wifi", "wine", "wdbc", "digits"):
+    if name in KNOWN_DATASETS:
         return
     if isinstance(name, str) and name.startswith("mnist-") and name[6:].isdigit() and 1 <= int(name[6:]) <= 70_000:
         return
-    raise ValueError(f"data set {name!r} is not known; use one of {list(DEFAULT_DATASETS)} or mnist-N "
+    raise ValueError(f"data set {name!r} is not known; use one of {list(KNOWN_DATASETS)} or mnist-N "
                      "(1 <= N <= 70000).")
 
 
