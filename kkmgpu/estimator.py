@@ -98,7 +98,8 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
 
     Parameters are those of :func:`kkmgpu.fit` (``n_clusters`` is its ``k``). The class follows
     scikit-learn's estimator conventions, so it works with ``sklearn.base.clone``, in a ``Pipeline``
-    and in model selection (``score`` is minus the objective, as for ``KMeans``); without scikit-learn
+    and in model selection (``score`` is minus the objective, as for ``KMeans``: comparable across seeds and
+    restarts, not across ``gamma``, ``n_neighbors`` or ``n_clusters``, see :meth:`score`); without scikit-learn
     installed it keeps the same methods on kkmgpu's own input checks.
 
     Parameters that only one method uses (``engine``: "exact"; ``n_samples_per_cluster``,
@@ -253,9 +254,9 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         return _predict(self.result_, self._check_X(X, reset=False))
 
     def score(self, X, y=None, sample_weight=None):
-        """Minus the kernel k-means objective of X in the fitted clusters (higher is better, as ``KMeans.score``).
+        """Minus the objective of X in the fitted clusters (higher is better, as ``KMeans.score``).
 
-        Each row of X goes to its cluster by :meth:`predict`; the score is
+        Each row of X goes to its cluster by :meth:`predict`. For kernel k-means the score is
         -sum_i w_i ||phi(x_i) - m_{c_i}||^2 with m_c the exact feature-space mean of the fitted cluster c
         (the training points of ``labels_`` with their ``sample_weight``). On the training data of a
         converged fit this is ``-inertia_`` (for method="cats" with ``exact_objective=True``; its
@@ -263,12 +264,24 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         training points, plus for methods other than "exact" one over the training points (the exact means'
         norms, as ``exact_objective=True``).
 
+        With ``objective="ncut"`` or ``"ratio_association"`` the score is minus the normalized cut (for the
+        ratio association: the association itself) of the graph of the rows of X, built as the fit built its
+        graph (the same ``affinity`` and ``n_neighbors``, among the rows of X alone, centred as the training
+        points), under the labels :meth:`predict` gives them; on the training data, ``-inertia_``.
+
+        The score compares fits with the same kernel and graph (seeds, ``init``, ``n_init``, ``method``). It is
+        **not comparable across** ``gamma``, ``kernel``, ``degree``, ``n_neighbors``, ``affinity`` or
+        ``n_clusters``, which change the space the objective is measured in: the RBF objective shrinks with gamma,
+        so ``GridSearchCV`` over gamma without ``scoring=`` picks the smallest gamma whatever the data. Pass a
+        scorer there (``scoring=make_scorer(adjusted_rand_score)`` with labels), or let kkmgpu choose
+        (``gamma="search"``, ``n_neighbors="search"``); docs/exact.md, "Model selection", has a worked example.
+
         Parameters
         ----------
         X : array of shape (n_new, n_features)
         y : ignored
         sample_weight : array of shape (n_new,), optional
-            Weights of the rows of X (default 1).
+            Weights of the rows of X (default 1); not with the graph objectives, whose weights are the degrees.
 
         Returns
         -------
@@ -277,12 +290,15 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            With kernel="precomputed": the objective needs k(x, x) of the scored points, which their kernel to
-            the training points does not hold.
+            With kernel="precomputed" or affinity="precomputed": the objective needs k(x, x) of the scored points
+            (their affinities among themselves), which their rows to the training points do not hold. With a graph
+            objective: ``sample_weight`` given, or X with too few rows for the graph's ``n_neighbors``.
         """
         check_is_fitted(self)
         X = self._check_X(X, reset=False)
         result = self.result_
+        if result._graph_state is not None:
+            return -_graph_objective_of_rows(result, X, sample_weight)
         if result.kernel == "precomputed":
             raise ValueError("score is not available with kernel='precomputed': the objective needs k(x, x) of the "
                              "scored points, which their (n_samples, n_train) kernel to the training points "
@@ -293,6 +309,37 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         else:
             weights = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
         return -_objective_in_fitted_clusters(result, X, labels, np.asarray(weights, dtype=np.float64))
+
+
+def _graph_objective_of_rows(result, X, sample_weight) -> float:
+    """The graph objective (ncut, or minus the ratio association) of the rows of X under their predicted labels, on
+    the graph the fit would build from X: its affinity and n_neighbors, features centred on the training mean."""
+    from kkmgpu.kernels import graphs as _graphs
+    from kkmgpu.methods import graphcut
+
+    state = result._graph_state
+    if state.graph is None:
+        raise ValueError("score is not available with affinity='precomputed': the graph objective of the scored "
+                         "points needs their affinities among themselves, which their rows to the training points "
+                         "do not hold. Pass scoring= to the model selection (see KernelKMeans.score).")
+    if sample_weight is not None:
+        raise ValueError("sample_weight does not apply to the graph objectives' score: the normalized cut weights "
+                         "every point by its degree, the ratio association by 1.")
+    graph = state.graph
+    reach = max(graph.n_neighbors, graph.scale_neighbor) if graph.kind == "self_tuning" else graph.n_neighbors
+    if X.shape[0] <= reach:
+        scale = f" (local scale: neighbour {graph.scale_neighbor})" if graph.kind == "self_tuning" else ""
+        raise ValueError(f"score builds the {graph.kind!r} graph of the scored points with n_neighbors="
+                         f"{graph.n_neighbors}{scale}; X has {X.shape[0]} rows, it needs at least {reach + 1}.")
+    labels = _predict(result, X)
+    backend = resolve_device(result.device)
+    with backend.activate():
+        Xd = _validation.check_data(X, backend)
+        features = graphcut.graph_features(Xd, state.features.dtype, backend, center=state.center)[1]
+        A = _graphs.build_graph(features, graph.n_neighbors, graph.kind, backend, scale_neighbor=graph.scale_neighbor,
+                                precision=graph.precision).graph
+        return graphcut.graph_objective(A, graphcut.degrees(A, backend), labels, result.n_clusters, state.objective,
+                                        backend)
 
 
 def _objective_in_fitted_clusters(result, X, labels, weights) -> float:
