@@ -117,13 +117,18 @@ def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neigh
         graph.sort_indices()
     else:
         graph = symmetrise(G, backend, "minimum" if kind == "mutual_knn" else "maximum", f"the {kind} graph")
-    if kind == "mutual_knn":  # a point no other has among its nearest keeps the edge to its own nearest one
-        alone = xp.flatnonzero(xp.diff(graph.indptr) == 0)
-        if alone.shape[0]:
-            pairs = xp.concatenate([alone, index[alone, 0]]), xp.concatenate([index[alone, 0], alone])
-            extra = sp.coo_matrix((xp.ones(2 * alone.shape[0]), pairs), shape=(n, n)).tocsr()
-            graph = graph.maximum(extra.minimum(1.0)).tocsr()  # a pair found twice stays 1
-            graph.sort_indices()
+    alone = xp.flatnonzero(xp.diff(graph.indptr) == 0) if kind != "knn" else None
+    if alone is not None and alone.shape[0]:  # a point left without an edge keeps the one to its own nearest
+        near = index[alone, 0]
+        if kind == "mutual_knn":  # no other point has it among its nearest
+            weight = xp.ones(alone.shape[0])
+        else:  # self_tuning: every weight underflowed, d^2 / (sigma_i sigma_j) beyond 745 (a far outlier, whose
+            # neighbours' scales are small): its own scale on both sides, exp(-d^2 / sigma_i^2) >= exp(-1)
+            own = sigma[alone] ** 2
+            weight = xp.where(own > 0, xp.exp(-sq[alone, 0] / xp.where(own > 0, own, 1.0)), 1.0)
+        extra = sp.coo_matrix((weight, (alone, near)), shape=(n, n)).tocsr()    # one entry per row
+        graph = graph.maximum(symmetrise(extra, backend, "maximum", f"the {kind} graph's added edges")).tocsr()
+        graph.sort_indices()
     return Graph(graph=graph, kind=kind, n_neighbors=n_neighbors, radius_sq=sq[:, n_neighbors - 1].copy(),
                  sigma=sigma, scale_neighbor=scale_neighbor, precision=precision)
 

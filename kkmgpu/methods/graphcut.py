@@ -33,15 +33,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from kkmgpu import _validation
-from kkmgpu.backend.device import import_cupyx, memory_situation, resolve_device
+from kkmgpu import _degenerate, _progress, _validation, _warn
+from kkmgpu.backend.device import memory_situation, resolve_device
 from kkmgpu.engine import sparse as _sparse
+from kkmgpu.engine.lloyd import ConvergenceWarning
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import graphs as _graphs
+from kkmgpu.kernels import spec as _kernel_spec
+from kkmgpu.methods import graph_spectral as _spectral
+from kkmgpu.methods.graph_spectral import psd_shift, spectral_embedding  # noqa: F401  (re-exported)
 
 OBJECTIVES = ("kernel_kmeans", "ncut", "ratio_association")
 GRAPH_OBJECTIVES = ("ncut", "ratio_association")
@@ -50,9 +55,6 @@ AFFINITIES = (*_graphs.GRAPHS, "precomputed")
 DEFAULT_N_NEIGHBORS = 10
 #: ``n_neighbors="search"`` tries these (those below n), keeping the clustering of lowest c-NNC
 NEIGHBOR_GRID = (5, 7, 10, 15, 20, 30, 50)
-#: LOBPCG's tolerance and iteration cap for the spectral start
-EIGEN_TOL = 1e-5
-EIGEN_MAXITER = 500
 
 
 @dataclass
@@ -63,7 +65,8 @@ class GraphState:
     features: object       # prepared training features (None for a precomputed affinity)
     center: object         # the mean subtracted from X before the graph was built
     objective: str
-    shift: float
+    shift: float           # sigma, in the units of A / 2**exponent
+    exponent: int = 0      # the fit ran on A / 2**exponent (normalize_scale)
 
 
 # --- checks ----------------------------------------------------------------------------------------------------
@@ -97,6 +100,10 @@ def check_graph_args(*, affinity, n_neighbors, graph_shift, kernel, gamma, metho
         n_neighbors = _validation.check_int(n_neighbors, "n_neighbors", minimum=1)
         if n_neighbors > n - 1:
             raise ValueError(f"n_neighbors={n_neighbors} must be between 1 and n_samples - 1 = {n - 1}.")
+    if affinity == "self_tuning" and n <= _graphs.SCALE_NEIGHBOR:
+        raise ValueError(f"affinity='self_tuning' needs at least {_graphs.SCALE_NEIGHBOR + 1} samples: each point's "
+                         f"local scale is its distance to its {_graphs.SCALE_NEIGHBOR}th nearest neighbour "
+                         f"(Zelnik-Manor and Perona); got {n}. Use affinity='knn' or 'mutual_knn'.")
     if not (isinstance(graph_shift, str) and graph_shift == "auto"):
         if isinstance(graph_shift, bool) or not isinstance(graph_shift, (int, float, np.floating, np.integer)) \
                 or not math.isfinite(graph_shift) or graph_shift < 0:
@@ -171,50 +178,16 @@ def degrees(A, backend):
     return backend.xp.asarray(A.sum(axis=1)).ravel().astype(backend.xp.float64)
 
 
-def psd_shift(A, d, objective, backend, rng) -> float:
-    """The smallest sigma making K positive semi-definite, with a 1% margin (0 when it already is)."""
-    M = _normalized(A, d, backend) if objective == "ncut" else A
-    n = A.shape[0]
-    if n <= 2:
-        lam = float(np.linalg.eigvalsh(np.asarray(backend.to_host(M.toarray())))[0])
-    else:
-        v0 = backend.asarray(rng.standard_normal(n))
-        eigsh = _eigsh(backend)
-        lam = float(eigsh(M, k=1, which="SA", v0=v0, tol=1e-6, return_eigenvectors=False)[0])
-    return max(0.0, -lam) * 1.01
-
-
-def _eigsh(backend):
-    if backend.is_gpu:
-        return import_cupyx("scipy.sparse.linalg").eigsh
-    from scipy.sparse.linalg import eigsh
-    return eigsh
-
-
-def _diag(values, backend):
-    """diag(values) in CSR (built from its arrays: cupyx and SciPy alike)."""
-    xp = backend.xp
-    n = values.shape[0]
-    index = xp.arange(n + 1, dtype=xp.int32)
-    return _sparse.sparse_module(backend).csr_matrix((values.astype(xp.float64), index[:n], index), shape=(n, n))
-
-
-def _normalized(A, d, backend):
-    """D^-1/2 A D^-1/2 in CSR."""
-    s = _diag(d ** -0.5, backend)
-    return (s @ A @ s).tocsr()
-
-
 def graph_kernel(A, d, objective, shift, backend):
     """(K, weights): K = shift D^-1 + D^-1 A D^-1 with weights d (ncut), or K = shift I + A with weights 1."""
     xp = backend.xp
     n = A.shape[0]
     if objective == "ncut":
-        inv = _diag(1.0 / d, backend)
-        K = inv @ A @ inv + _diag(shift / d, backend)
+        inv = _spectral.diag(1.0 / d, backend)
+        K = inv @ A @ inv + _spectral.diag(shift / d, backend)
         weights = d
     else:
-        K = A + _diag(xp.full(n, shift, dtype=xp.float64), backend)
+        K = A + _spectral.diag(xp.full(n, shift, dtype=xp.float64), backend)
         weights = xp.ones(n, dtype=xp.float64)
     K = K.tocsr()
     K.sort_indices()
@@ -239,82 +212,6 @@ def graph_objective(A, d, labels, k, objective, backend) -> float:
 def offset(objective, shift, n, k) -> float:
     """J - reported objective: sigma (n - k) - k for ncut, sigma (n - k) for the ratio association."""
     return shift * (n - k) - (k if objective == "ncut" else 0.0)
-
-
-# --- the spectral start ----------------------------------------------------------------------------------------
-
-def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MAXITER):
-    """(E, eigenvalues, iterations, solver): E = D^-1/2 V (n, k), V the top-k eigenvectors of D^-1/2 A D^-1/2.
-
-    On the CPU, for a connected graph, by Lanczos (ARPACK's ``eigsh``, largest algebraic, random start vector);
-    otherwise by LOBPCG (its start block's first column D^1/2 1, the known top eigenvector). A graph of c
-    components has the eigenvalue 1 c times, which a single-vector Krylov method cannot be trusted to find
-    more than once and a block method finds; CuPy's Lanczos also breaks down on such invariant subspaces
-    (:func:`kkmgpu.engine.embedding._lanczos_failed`), so a GPU keeps LOBPCG.
-    Both draw the same start block from ``rng``, so the k-means++ seeds after it are the same on both devices.
-    On MNIST-70k's 10-neighbour graph (2-core CPU) eigsh takes 1.1 s against LOBPCG's 5.2 s (120 iterations),
-    with the same eigenvalues to 8 digits. ``iterations``: LOBPCG's, or ARPACK's matrix-vector products;
-    ``solver``: "arpack", "lobpcg" or "dense" (small n).
-    """
-    xp = backend.xp
-    n = A.shape[0]
-    N = _normalized(A, d, backend)
-    if n <= 5 * k + 1:  # LOBPCG needs n well above the block size: the dense decomposition
-        w, V = np.linalg.eigh(np.asarray(backend.to_host(N.toarray())))
-        w, V = w[::-1][:k], backend.asarray(np.ascontiguousarray(V[:, ::-1][:, :k]))
-        E = V * (d ** -0.5)[:, None]
-        return E, np.sort(np.asarray(w, dtype=np.float64))[::-1], 0, "dense"
-    X0 = rng.standard_normal((n, k))
-    V, solver = None, "arpack"
-    if not backend.is_gpu and _connected(A):
-        w, V, iterations = _arpack_top(N, k, X0[:, 0], tol=tol, maxiter=maxiter)
-    if V is None:   # a GPU, or ARPACK did not converge
-        X0[:, 0] = np.sqrt(backend.to_host(d))
-        lobpcg = import_cupyx("scipy.sparse.linalg").lobpcg if backend.is_gpu else _scipy_lobpcg()
-        w, V, history = lobpcg(N, backend.asarray(X0), largest=True, tol=tol, maxiter=maxiter,
-                               retResidualNormsHistory=True)
-        w = backend.to_host(xp.asarray(w))
-        iterations, solver = len(history), "lobpcg"
-    E = V * (d ** -0.5)[:, None]
-    return E, np.sort(np.asarray(w, dtype=np.float64))[::-1], iterations, solver
-
-
-def _connected(A) -> bool:
-    from scipy.sparse.csgraph import connected_components
-
-    return connected_components(A, directed=False, return_labels=False) == 1
-
-
-def _arpack_top(N, k, v0, *, tol, maxiter):
-    """(w, V, matvecs) of the k largest eigenpairs of the sparse symmetric N by ARPACK, or (None, None, 0)
-    where it does not converge within ``maxiter`` restarts."""
-    from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
-
-    count = [0]
-
-    def matvec(x):
-        count[0] += 1
-        return N @ x
-
-    op = LinearOperator(N.shape, matvec=matvec, matmat=lambda X: N @ X, dtype=N.dtype)
-    try:
-        w, V = eigsh(op, k=k, which="LA", tol=tol, maxiter=maxiter, v0=v0)
-    except ArpackNoConvergence:
-        return None, None, 0
-    order = np.argsort(w)[::-1]
-    return w[order], np.ascontiguousarray(V[:, order]), count[0]
-
-
-def _scipy_lobpcg():
-    import warnings
-
-    from scipy.sparse.linalg import lobpcg
-
-    def quiet(*args, **kwargs):
-        with warnings.catch_warnings():  # "not reaching the requested tolerance": the start needs no more
-            warnings.simplefilter("ignore", UserWarning)
-            return lobpcg(*args, **kwargs)
-    return quiet
 
 
 # --- fit -------------------------------------------------------------------------------------------------------
@@ -360,25 +257,30 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
                                               precision=gemm_precision)
             A = state_graph.graph
         k = _validation.check_k(k, n)
+        A, exponent = normalize_scale(A)
         d = degrees(A, backend)
-        isolated = int((d <= 0).sum())
-        if isolated:
-            raise ValueError(f"{isolated} point(s) have no edge in the affinity graph (degree 0); every point needs "
-                             "at least one neighbour. Use more neighbours or affinity='knn'.")
+        _check_degrees(d, affinity, backend)
         t_graph = time.perf_counter()
-        shift = psd_shift(A, d, objective, backend, rng) if graph_shift == "auto" else graph_shift
+        if graph_shift == "auto":
+            shift = _spectral.psd_shift(A, d, objective, backend, rng)
+        else:  # the ratio association's sigma is in A's units, the normalized cut's has none
+            shift = graph_shift if objective == "ncut" else math.ldexp(graph_shift, -exponent)
         K, weights = graph_kernel(A, d, objective, shift, backend)
         t_kernel = time.perf_counter()
-        starts, spectral = _starts(init, n_init, A, d, k, backend, rng)
+        starts, spectral = _spectral.starts(init, n_init, A, d, k, backend, rng)
         t_init = time.perf_counter()
-        runs = []
-        for labels0 in starts:
-            runs.append(fit_exact(K, k, kernel="precomputed", sample_weight=backend.to_host(weights),
-                                  device=backend.name, dtype=dtype, init=labels0,
-                                  n_init=1 if not isinstance(labels0, str) else n_init,
-                                  max_iter=max_iter, tol=tol, random_state=rng, verbose=verbose,
-                                  keep_on_device=keep_on_device, progress=progress))
+        with warnings.catch_warnings(record=True) as caught:  # said once below, and not twice
+            warnings.simplefilter("always")
+            runs = []
+            for labels0 in _progress.iterate(starts, desc=objective, unit="start", enabled=progress):  # one bar
+                runs.append(fit_exact(K, k, kernel="precomputed", sample_weight=backend.to_host(weights),
+                                      device=backend.name, dtype=dtype, init=labels0,
+                                      n_init=1 if not isinstance(labels0, str) else n_init,
+                                      max_iter=max_iter, tol=tol, random_state=rng, verbose=verbose,
+                                      keep_on_device=keep_on_device, progress=progress))
         best = min(runs, key=lambda r: r.objective)
+        _say_again(caught, None if affinity == "precomputed" else Xd, best.labels, backend.to_host(weights), k,
+                   backend)
         shifted = offset(objective, shift, n, k)
         final = graph_objective(A, d, best.labels, k, objective, backend)
         t_end = time.perf_counter()
@@ -386,42 +288,98 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
                    "iterations": float(sum(r.timings.get("iterations", 0.0) for r in runs)), "total": t_end - t_start}
         mode = None if features is None else _gemm.effective_mode(gemm_precision, backend, features.dtype,
                                                                   shape=(n, n, features.shape[1]))  # the search's
-        params = {"objective": objective, "affinity": affinity, "graph_shift": shift, "nnz": int(A.nnz),
-                  "init": init if isinstance(init, str) else "array", "gemm_precision": gemm_precision,
-                  "gemm_mode": mode, **spectral}
+        unit = 1 if objective == "ncut" else exponent  # objectives and shift back in A's units (exact: 2**e)
+        params = {"objective": objective, "affinity": affinity, "graph_shift": math.ldexp(shift, unit),
+                  "nnz": int(A.nnz), "init": init if isinstance(init, str) else "array",
+                  "gemm_precision": gemm_precision, "gemm_mode": mode, **spectral}
         if state_graph is not None:
             params["n_neighbors"] = int(n_neighbors)
         objectives = np.array([r.objective - shifted for r in runs], dtype=np.float64)
         if len(runs) > 1:  # several starts of their own: one restart each
             objectives = np.concatenate([np.asarray(r.objectives, dtype=np.float64) - shifted for r in runs])
+        history = np.asarray(best.objective_history, dtype=np.float64) - shifted
+        if objective == "ncut":  # a cut is >= 0: values just below are rounding (kkmgpu._degenerate.ROUNDING)
+            bound = _degenerate.ROUNDING * float(np.finfo(_kernel_spec.compute_dtype(
+                _validation.check_dtype(dtype))).eps) * (shift * n + k + _self_loops(A, d, backend))
+            final, history, objectives = (_not_below_rounding(v, bound) for v in (final, history, objectives))
+        else:
+            final, history, objectives = (np.ldexp(v, exponent) for v in (final, history, objectives))
+            final = float(final)
+        sizes = np.ldexp(np.asarray(best.cluster_sizes, dtype=np.float64), exponent if objective == "ncut" else 0)
         return dataclasses.replace(
-            best, objective=final, objective_history=np.asarray(best.objective_history) - shifted,
-            objectives=objectives, exact_objective=final, n_init=len(objectives), objective_name=objective,
-            kernel=f"graph:{affinity}", kernel_params={"affinity": affinity, **(
-                {"n_neighbors": int(n_neighbors)} if state_graph is not None else {})},
+            best, objective=final, objective_history=history, objectives=objectives, exact_objective=final,
+            n_init=len(objectives), objective_name=objective, kernel=f"graph:{affinity}",
+            kernel_params={"affinity": affinity, **({"n_neighbors": int(n_neighbors)} if state_graph is not None
+                                                    else {})},
+            cluster_sizes=sizes, sample_weight=np.ldexp(np.asarray(best.sample_weight, dtype=np.float64),
+                                                        exponent if objective == "ncut" else 0),
             method_params=params, timings=timings, _train_features=None, _trim_state=None,
             _graph_state=GraphState(graph=state_graph, features=features, center=center, objective=objective,
-                                    shift=shift))
+                                    shift=shift, exponent=exponent))
 
 
-def _starts(init, n_init, A, d, k, backend, rng):
-    """The initial partitions: ``n_init`` spectral ones, or ``init`` itself (a string the driver resolves)."""
-    if not (isinstance(init, str) and init == "spectral"):
-        return [init], {}
-    t0 = time.perf_counter()
-    E, w, iterations, solver = spectral_embedding(A, d, k, backend, rng)
-    seconds = time.perf_counter() - t0
-    from kkmgpu.engine.embedding import EmbeddingOperator
-    from kkmgpu.engine.lloyd import run_restarts
+def normalize_scale(A):
+    """(A / 2**e, e): A with its largest entry in [1, 2), e an integer (a copy; A itself where e = 0).
 
-    operator = EmbeddingOperator(E, backend.xp.ones(A.shape[0], dtype=backend.xp.float64), backend)
-    starts = []
-    for _ in range(n_init):  # k-means on the embedding (never its n x n Gram matrix), one k-means++ start each
-        best, _, _ = run_restarts(operator, k, init="k-means++", n_init=1, max_iter=300, tol=1e-6, rng=rng,
-                                  verbose=False, progress=False)
-        starts.append(backend.to_host(best.labels).astype(np.int32))
-    return starts, {"spectral_eigenvalues": w.tolist(), "eigensolver": solver, "eigensolver_iterations": iterations,
-                    "spectral_seconds": seconds}
+    The graph objectives do not change with a common scale of A (the ratio association's values scale with it,
+    and are reported in A's units), but the graph kernel's float32 values do: D^-1 A D^-1 of an A near 1e60 is
+    near 1e-60, 0 in float32. Dividing by a power of two keeps every digit of A's entries."""
+    if A.nnz == 0:
+        return A, 0
+    exponent = math.frexp(float(A.data.max()))[1] - 1
+    if exponent == 0:
+        return A, 0
+    A = A.copy()
+    half = -exponent // 2  # two factors, each representable, where 2**-e is not (e near -1074 or 1023)
+    A.data *= 2.0 ** half
+    A.data *= 2.0 ** (-exponent - half)
+    return A, exponent
+
+
+def _check_degrees(d, affinity, backend):
+    """ValueError naming the points of degree 0: with no edge at all, no cut or association is defined for them."""
+    isolated = np.flatnonzero(np.asarray(backend.to_host(d)) <= 0)
+    if not isolated.size:
+        return
+    where = ", ".join(map(str, isolated[:5])) + (", ..." if isolated.size > 5 else "")
+    if affinity == "precomputed":
+        raise ValueError(f"{isolated.size} point(s) have no edge in the affinity matrix (degree 0: no positive entry "
+                         f"in row {where}); every point needs at least one. Give each such point an affinity to "
+                         "another, or leave it out.")
+    raise ValueError(f"{isolated.size} point(s) ({where}) have no edge in the {affinity!r} graph (degree 0).")
+
+
+def _self_loops(A, d, backend) -> float:
+    """sum_i A_ii / d_i: with the shift, sum_i w_i K_ii of the normalized cut's kernel (the scale of its J)."""
+    return float(backend.to_host(backend.xp.asarray(A.diagonal() / d).sum()))
+
+
+def _not_below_rounding(value, bound):
+    """``value`` (a float or an array) with entries in [-bound, 0) set to 0."""
+    out = np.asarray(value, dtype=np.float64)
+    out = np.where((out < 0) & (out >= -bound), 0.0, out) + 0.0
+    return float(out) if out.ndim == 0 else out
+
+
+def _say_again(caught, Xd, labels, weights_h, k, backend):
+    """The refinement's warnings once each, at the caller's line; fewer distinct points in X than k (the kernel
+    methods' warning, :func:`kkmgpu._degenerate.warn_fewer_distinct`) said once, in place of the refinement's."""
+    distinct = None
+    with _warn.collect() as given:
+        if Xd is not None:
+            _degenerate.warn_fewer_distinct(Xd, labels, weights_h, k, backend, set())
+    seen = set()
+    for w in caught:
+        key = (w.category, str(w.message))
+        if key in seen:
+            continue
+        seen.add(key)
+        if "distinct clusters" in str(w.message) and issubclass(w.category, ConvergenceWarning):
+            distinct = distinct or w
+            continue
+        _warn.warn(str(w.message), w.category)
+    if distinct is not None and "fewer_distinct" not in given:
+        _warn.warn(str(distinct.message), distinct.category)
 
 
 def search_neighbors(X, k, *, random_state, device, **kwargs):
@@ -464,7 +422,14 @@ def predict(result, X_new, backend, batch_size=None):
     """Labels of new points: their affinities to the training points (as the graph would give them), then the
     nearest cluster in the graph kernel's feature space (the fit's own assignment rule). The new points are
     prepared as the training features (centred in float64 on the training mean, cast, scaled by the fit's power of
-    two); their neighbours are exact in every GEMM precision mode (knn_exact.query, ``batch_size`` at a time)."""
+    two); their neighbours are exact in every GEMM precision mode (knn_exact.query, ``batch_size`` at a time).
+
+    A new point whose prepared features equal a training point's is that point: it takes its label (of the first
+    such training point, the lowest index). The rule above would not always give it: the new point counts the
+    training point among its own neighbours, at distance 0, where the training point's graph row leaves itself
+    out, and the fit's kernel adds sigma D^-1 on the training point's own diagonal. So predict(X_train) is
+    labels_, except where the fit split identical training points among clusters: all copies take the first one's.
+    """
     state: GraphState = result._graph_state
     if state.graph is None:
         raise ValueError("this result was fit on a precomputed affinity matrix; predict needs the training "
@@ -476,6 +441,7 @@ def predict(result, X_new, backend, batch_size=None):
                          f"{state.features.shape[1]}.")
     Q = graph_features(X_new, state.features.dtype, backend, center=state.center)[1]   # as the training features
     W, nearest = _graphs.query_affinity(state.graph, state.features, Q, backend, rows=batch_size)
+    W = W * (2.0 ** -state.exponent)                  # the fit's units, A / 2**exponent (normalize_scale)
     labels = backend.asarray(result._train_labels).astype(xp.int64)
     k = result.n_clusters
     n = labels.shape[0]
@@ -484,7 +450,8 @@ def predict(result, X_new, backend, batch_size=None):
     links = xp.asarray((W @ Y).toarray())                       # (m, k): sum of affinities to each cluster
     # the fit's units: weights d / s (s = result._weight_scale), C_c = sum_{i,j in c} w_i w_j K_ij, n_c = d(c) / s;
     # dist(x, c) = K_xx - 2 sum_{j in c} w_j K_xj / n_c + C_c / n_c^2 with K_xj = a_xj / (d_x d_j) (ncut) or a_xj
-    sizes = backend.asarray(np.asarray(result.cluster_sizes, dtype=np.float64))      # d(c) or |c|
+    sizes = backend.asarray(np.ldexp(np.asarray(result.cluster_sizes, dtype=np.float64),      # d(c) or |c|
+                                     -state.exponent if state.objective == "ncut" else 0))
     internal = sizes / result._weight_scale
     within = backend.asarray(np.asarray(result._within, dtype=np.float64))
     safe, safe_internal = xp.where(sizes > 0, sizes, 1.0), xp.where(internal > 0, internal, 1.0)
@@ -496,4 +463,5 @@ def predict(result, X_new, backend, batch_size=None):
     score = xp.where(sizes[None, :] > 0, score, xp.inf)
     out = xp.argmin(score, axis=1)
     out = xp.where(dx > 0, out, labels[nearest])  # no neighbour at all (mutual kNN): the nearest point's cluster
+    out = xp.where(xp.all(Q == state.features[nearest], axis=1), labels[nearest], out)   # a training point itself
     return backend.to_host(out).astype(np.int32)
