@@ -1,15 +1,25 @@
 """Tests written to kill the kinds of mutant of the core numerics that survived the suite (issue 27, point 8).
 
-Each test holds the library to an independent float64 formula; each was checked against a hand-made copy of the
-mutant it is named for (docs/mutation-testing.md lists them):
+Each test holds the library to an independent float64 formula. Each was checked against hand-made mutants, applied
+to a scratch copy of kkmgpu (the tests importing that copy), on the CPU and, for the CUDA sources, the emulated GPU:
 
-- the laplacian kernel's feature scale absorbed by gamma as scale, not scale^2 (its distance is not squared);
-- the dense symmetry check's tolerance relative to max |K| (K scaled by 1e+-30 in float32, 1e+-200 in float64);
-- the empty-cluster refill when an assignment step leaves a cluster with only zero-weight points;
-- float16 storage decoded with its sign (negative kernel values) in the cluster sums;
-- the one-step check's rounding margin in the critical-bandwidth walk, limited and full;
-- the distance epilogues' clamp of squared distances that round below 0 (tiled engine and dense blocks).
+| mutant | killed by |
+|---|---|
+| spec.with_center: laplacian's gamma times scale**2 (the rbf's rule) | test_laplacian_absorbs_a_feature_scale_once |
+| check_symmetric: `diff > rtol` (absolute) | test_symmetry_check_..., test_precomputed_fit_... |
+| check_symmetric: max K for max abs K (`rows.max()`) | test_symmetry_check_...[max-negative] |
+| lloyd: zero-weight trigger never set (`weights == 1`) | test_refill_when_a_step_leaves_only_zero_weight_... |
+| lloyd: the all-points counts decide emptiness (`stats[1:1 + k]`) | the same |
+| refill_empty_clusters: `weights >= 0` for positive | the same |
+| kernel_kmeans_cpu: float16 table of absolute values; `table[x & 0x7fff]` | test_float16_negative_values_... |
+| kernel_kmeans.cu: `K[idx] & 0x7fff` before the float16 conversion | the same, cuda cases |
+| offgrid._clear_moves: no margin; `own + margin`; LIMITED_CHECK_RTOL = 1e-3 | test_one_step_checks_margin_... |
+| tiled_cpu: rbf without `max(d, 0)`; laplacian `sqrt(d)` | test_tiled_epilogue_clamps_... |
+| tiled.cu: float `if (d < 0) d = 0` removed | the same, cuda cases |
+| kernel_kmeans_cpu._epilogue / kernel_kmeans.cu: the clamp removed | test_dense_kernel_block_clamps_... |
 
+Survives, equivalent within the stated error bound: the laplacian's `sqrt(abs(d))` for `sqrt(max(d, 0))` (the
+rounding of d is as likely positive; either is within sqrt of the GEMM form's rounding of the true value).
 assign_labels' per-cluster counts made non-atomic is a planted bug of the CUDA-on-CPU harness
 (tests/cuda_planted/racy_counts.cu, tests/test_cudacpu.py).
 """
