@@ -57,7 +57,8 @@ class KernelKMeansResult:
         method="exact"; for method="cats" computed only with ``exact_objective=True`` (``objective``
         and ``objective_history`` then hold CATS's approximate distortion); for method="eigen" the
         objective of ``labels`` on K itself (``objective`` is the one on the embedding A A^T, equal to
-        it with every eigenpair and no eigenvalue clipped).
+        it with every eigenpair and no eigenvalue clipped); for method="approx" equal to ``objective`` where the
+        kernel is not positive semi-definite, else None (``objective`` is then the approximate upper bound).
     stop_reason : str
         Why the best restart stopped ("no point moved", "relative objective change <= tol", the CATS
         variance rule, "max_iter").
