@@ -76,12 +76,12 @@ def test_score_under_a_graph_objective_says_what_it_cannot_do(device):
         precomputed.score(A[:20])
 
 
-def test_grid_search_over_n_neighbors_gets_finite_scores(device):
+def test_grid_search_over_n_neighbors_gets_finite_scores():
     """Issue 27: GridSearchCV over n_neighbors got all-NaN scores (score crashed) and quietly took the first
     candidate. Now every candidate has a finite score and the best is the highest; with a supervised scorer the
-    search finds the moons."""
+    search finds the moons. (On the CPU only: the score itself is checked on both devices above.)"""
     X, y = make_moons(150, noise=0.06, random_state=4)
-    model = KernelKMeans(2, objective="ncut", random_state=0, device=device)
+    model = KernelKMeans(2, objective="ncut", random_state=0, device="cpu")
     grid, cv = {"n_neighbors": [8, 24]}, KFold(2, shuffle=True, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)              # "Scoring failed" would be one
