@@ -23,7 +23,7 @@ from kkmgpu.bandwidth.results import BandwidthClustering, BandwidthSearchResult
 from kkmgpu.backend.device import resolve_device
 from kkmgpu.engine.dense import DenseKernelOperator
 from kkmgpu.engine.lloyd import initial_labels, lloyd
-from kkmgpu._progress import check_progress, progress_bar
+from kkmgpu._progress import check_progress, finish, progress_bar
 
 
 #: Above this many pairs the 1st percentile of the pairwise squared distances is estimated from a sample.
@@ -149,7 +149,7 @@ class _Recorder:
         self.costs["limited_checks_decisive"] += question.n_limited_decisive
 
     def result(self, initial_labels, start, n, device, dtype, t_start):
-        self.bar.close()
+        finish(self.bar)  # max_values is a cap: the bar ends at the runs made
         self.timings["total"] = time.perf_counter() - t_start
         if self.warnings:
             from kkmgpu.engine.lloyd import ConvergenceWarning
