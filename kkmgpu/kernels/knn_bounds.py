@@ -157,6 +157,18 @@ def _survivors(psq_rows, psq, cross, tail_rows, tail, tau, counts, w):
         counts[s, w] = c
 
 
+def _margin(zsq, d: int, g: int, dtype):
+    """The rounding margin of each point's bounds (module docstring), from the squared norms of z at width g."""
+    znorm = np.sqrt(zsq)
+    return 4.0 * (d + g + 8) * (np.finfo(dtype).eps / 2) * (znorm + znorm.max()) ** 2
+
+
+def _abandon(uncertified: float, axes: int, n_neighbors: int, d: int) -> bool:
+    """Whether the rows whose lists ran out (the fraction ``uncertified``), each walked against every point,
+    would cost more than the brute-force search of all rows (the plan's units)."""
+    return uncertified * 2.0 * (axes + 2 + UNCERTIFIED) > d + _epilogue(n_neighbors)
+
+
 def plan(A, n_neighbors: int, *, sample: int = SAMPLE, seed: int = 0):
     """``(choice, rotation)``: choice (axes, n_candidates) for the bounded search of A's ``n_neighbors`` nearest
     neighbours, or None where the brute-force search is estimated cheaper; rotation (mean, V, P, tails, widths)
@@ -192,7 +204,8 @@ def plan(A, n_neighbors: int, *, sample: int = SAMPLE, seed: int = 0):
             cross += P[some, g0:g] @ P[:, g0:g].T
             g0 = g
             tail = tails_by_width[w]
-            _survivors(psq[w, some], psq[w], cross, tail[some], tail, tau, counts[s0:s0 + group], w)
+            reach = tau + _margin(psq[w] + tail * tail, d, g, A.dtype)[some]   # what the walks will reach
+            _survivors(psq[w, some], psq[w], cross, tail[some], tail, reach, counts[s0:s0 + group], w)
     counts -= 1   # each sampled row's own bound, 0
     brute = d + _epilogue(n_neighbors)
     best = (PAYS * brute, None)
@@ -241,7 +254,8 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
     p = knn_exact.scale_exponent(float(np.abs(A).max()) ** 2 * d, A.dtype)
     if p:
         A = A * A.dtype.type(2.0 ** -p)
-    if axes is None or n_candidates is None:
+    planned = axes is None or n_candidates is None
+    if planned:
         choice, rotation = plan(A, n_neighbors)
         if choice is None:
             A = original
@@ -265,8 +279,7 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
     seconds["search_z"] = clock() - t
     zsq = np.einsum("ij,ij->i", Z, Z, dtype=np.float64)
     bound = keys.astype(np.float64) + zsq[:, None]
-    znorm = np.sqrt(zsq)
-    margin = 4.0 * (d + axes + 8) * (np.finfo(A.dtype).eps / 2) * (znorm + znorm.max()) ** 2
+    margin = _margin(zsq, d, axes, A.dtype)
     best = np.full((n, n_neighbors), np.inf)
     arg = np.full((n, n_neighbors), -1, dtype=np.int64)
     certified = np.zeros(n, dtype=np.bool_)
@@ -274,6 +287,11 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
     _walk_lists(A, cand, bound, margin, best, arg, certified)
     seconds["walk_lists"] = clock() - t
     rest = np.flatnonzero(~certified) if n_candidates < n - 1 else np.empty(0, dtype=np.int64)
+    if planned and prune == "auto" and _abandon(rest.size / n, axes, n_neighbors, d):
+        # the plan misjudged (its sample against all rows): measured, the brute-force search is cheaper now
+        report["abandoned"] = {"choice": (axes, n_candidates), "certified": 1.0 - rest.size / n, "seconds": seconds}
+        A, t = original, clock()
+        return brute()
     t = clock()   # (with every point every point's candidate, the walks saw them all)
     for r0 in range(0, rest.size, chunk):
         rows = rest[r0:r0 + chunk]

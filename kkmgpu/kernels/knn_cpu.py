@@ -26,7 +26,8 @@ from numba import njit, prange
 
 from kkmgpu.kernels.blocks import upper_blocks
 
-__all__ = ["BLOCK", "PANEL", "nearest_neighbors", "offer_block", "pair_distances", "search"]
+__all__ = ["BLOCK", "PANEL", "LIST_MAX", "nearest_first", "nearest_neighbors", "offer_block", "pair_distances",
+           "search", "select_rows"]
 
 #: rows of one product (the rows of a block of the distance matrix)
 BLOCK = 2048
@@ -36,6 +37,11 @@ BLOCK = 2048
 PANEL = 256
 #: columns of G one thread walks down when its columns are the rows of the search
 STRIP = 64
+#: the longest lists :func:`search` keeps: a sorted list costs O(length) for each candidate it takes, about
+#: length (1 + ln(n / length)) of them a row, so longer lists take row tiles and :func:`select_rows`, O(n) a row
+#: (20,000 x 3 points, 2 cores: 512 candidates 112 s in lists, 2000 candidates a few seconds in row tiles;
+#: bench/bench_knn_plan.py)
+LIST_MAX = 128
 
 
 @njit(inline="always")
@@ -238,6 +244,67 @@ def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK, panel: int = PANE
     yet exact (:mod:`kkmgpu.kernels.knn_exact` certifies them). ``block`` and ``panel``: the products' rows and
     columns (tests shrink them to reach the edges)."""
     return search(A, n_neighbors, block=block, panel=panel, workers=workers, col_sq=col_sq)[1]
+
+
+@njit(cache=True)
+def _compact(keys, index, count, m):
+    # keep the m least of the first count entries by (key, index), in their order (the buffer is in index order);
+    # returns the m-th key, which a later (higher) index must beat strictly
+    threshold = np.partition(keys[:count].copy(), m - 1)[m - 1]
+    ties = m
+    for c in range(count):
+        ties -= keys[c] < threshold
+    kept = 0
+    for c in range(count):
+        if keys[c] < threshold or (keys[c] == threshold and ties > 0):
+            ties -= keys[c] == threshold
+            keys[kept] = keys[c]
+            index[kept] = index[c]
+            kept += 1
+    return threshold
+
+
+@njit(parallel=True, cache=True)
+def select_rows(D, m, keys, index):
+    """In place: keys[r] and index[r] (each of length m, unsorted) the m least finite entries of the row D[r] and
+    their columns, by (value, column): of equal values the lower column is taken; (+inf, -1) where a row has
+    fewer. O(columns) a row, rows in parallel: a scan in column order keeps the entries under the m-th least so
+    far in a buffer of 2m, cut back to m (a quickselect) when full."""
+    for r in prange(D.shape[0]):
+        row = D[r]
+        buffer_keys = np.empty(2 * m, dtype=D.dtype)
+        buffer_index = np.empty(2 * m, dtype=np.int64)
+        count = 0
+        bound = np.inf
+        for j in range(row.shape[0]):
+            if row[j] < bound:
+                buffer_keys[count] = row[j]
+                buffer_index[count] = j
+                count += 1
+                if count == 2 * m:
+                    bound = _compact(buffer_keys, buffer_index, count, m)
+                    count = m
+        if count > m:
+            _compact(buffer_keys, buffer_index, count, m)
+            count = m
+        for c in range(m):
+            keys[r, c] = buffer_keys[c] if c < count else np.inf
+            index[r, c] = buffer_index[c] if c < count else -1
+
+
+@njit(parallel=True, cache=True)
+def nearest_first(index, dist, k):
+    """(index, dist) (r, k): each row's k first (dist, index) pairs of (index, dist) (r, m) in ascending order,
+    ties to the lower index; rows in parallel (the CPU's re-ranking of long candidate lists)."""
+    r = index.shape[0]
+    out_index = np.empty((r, k), dtype=np.int64)
+    out_dist = np.empty((r, k))
+    for t in prange(r):
+        by_index = np.argsort(index[t])
+        order = by_index[np.argsort(dist[t][by_index], kind="mergesort")[:k]]
+        out_index[t] = index[t][order]
+        out_dist[t] = dist[t][order]
+    return out_index, out_dist
 
 
 @njit(parallel=True, cache=True)

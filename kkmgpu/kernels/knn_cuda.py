@@ -12,16 +12,17 @@ rows). CuPy comes from :mod:`kkmgpu.backend.cupy_loader`, the one module that im
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from kkmgpu.backend.cupy_loader import import_cupy
-from kkmgpu.backend.device import Backend
+from kkmgpu.backend.device import Backend, work_bytes
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels.blocks import upper_blocks
 from kkmgpu.kernels.kernel_kmeans_cuda import NVRTC_OPTIONS, cuda_source
 
-__all__ = ["BLOCK", "MAX_NEIGHBORS", "offer_block", "nearest_neighbors", "search"]
+__all__ = ["BLOCK", "MAX_NEIGHBORS", "block_rows", "offer_block", "nearest_neighbors", "search"]
 
 _SOURCE_NAME = "knn.cu"
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
@@ -86,6 +87,16 @@ def offer_block(G, col_sq, row0, col0, best, arg):
     function((grid,), (_THREADS,),
              (G, cp.ascontiguousarray(col_sq, dtype=cp.float64), np.int64(b), np.int64(m), np.int64(row0),
               np.int64(col0), np.int32(k), best, arg))
+
+
+def block_rows(a, backend: Backend, block: int, mode: str) -> int:
+    """Rows of the search's blocks for features ``a``: one block x block product, its transpose and the two
+    blocks' operands in ``mode`` within the work budget (at most ``block``, at least 32)."""
+    entry = 2 * a.dtype.itemsize
+    operands = 2 * _gemm.operand_bytes(1, a.shape[1], mode)
+    budget = work_bytes(block * block * entry, backend, minimum=32 * 32 * entry)
+    fits = math.isqrt(max(1, budget - operands * block) // entry)
+    return max(32, min(block, fits))
 
 
 def search(A, n_neighbors: int, block: int = BLOCK, *, col_sq=None, mode: str = "fp32"):

@@ -15,9 +15,13 @@ included). Such keys are only approximately ordered, so :func:`search`
    the squared distance D (:func:`error_bound`), every point not kept is at least ||a_i||^2 + r_i - c ||a_i||^2
    - e_abs away, r_i the largest key kept (the shift c ||a_j||^2 in the key takes the candidate's share of the
    error). The row is exact when its n_neighbors-th float64 distance is below that;
-5. recomputes the rows that are not certified: keys of float64 GEMM-form over all points, certified the same way
-   with the float64 bound, and the rows that still fail (exact ties, e.g. many duplicates, at the boundary) by
-   direct float64 distances to every point.
+5. recomputes the rows that are not certified: float64 keys over all points, certified the same way with the
+   float64 bound, and the rows that still fail (exact ties, e.g. many duplicates, at the boundary) by direct
+   float64 distances to every point. Where a sample of rows predicts that fewer than CERTIFY_MIN of the rows
+   would be certified in the working precision (points nearly on a line), every row starts here.
+
+Candidate lists up to knn_cpu.LIST_MAX (CPU) or knn_cuda.MAX_NEIGHBORS (GPU) are kept sorted during the search;
+longer ones take row tiles and a selection, whose cost does not grow with the list.
 
 So the result is the float64 brute-force neighbours of A's values (ties to the lower index) for every row, in any
 precision mode; the float64 distances' own rounding is inside the bound.
@@ -34,23 +38,27 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from kkmgpu.backend.device import Backend, argsort_stable, check_fits, work_bytes
+from kkmgpu.backend.device import Backend, argsort_stable, check_fits
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels.blocks import tile_rows
 
-__all__ = ["MIN_SPARES", "spares", "error_bound", "scale_exponent", "prepare", "exact_distances", "search",
-           "cross_distances", "query"]
+__all__ = ["MIN_SPARES", "CERTIFY_MIN", "spares", "error_bound", "scale_exponent", "prepare", "exact_distances",
+           "predicted_certified", "search", "cross_distances", "query"]
 
-#: spare candidates per row beyond n_neighbors: at least this many, else n_neighbors (m = 2 n_neighbors; on a GPU
-#: at most up to knn_cuda.MAX_NEIGHBORS where n_neighbors + MIN_SPARES fit there)
-MIN_SPARES = 8
+#: spare candidates per row beyond n_neighbors: n_neighbors, at least MIN_SPARES and at most MAX_SPARES (on a GPU
+#: at most up to knn_cuda.MAX_NEIGHBORS where n_neighbors + MIN_SPARES fit there): long lists have wide gaps
+#: between their n_neighbors-th and last distances without doubling the work
+MIN_SPARES, MAX_SPARES = 8, 64
+#: rows sampled to predict the certified fraction, and the fraction below which every row is searched in float64
+CERTIFY_SAMPLE = 256
+CERTIFY_MIN = 0.5
 #: a centred feature norm in [2^-LIMIT, 2^LIMIT] is used as it is; beyond, the features are scaled by 2^-p
 _EXPONENT_LIMIT = {np.dtype(np.float32): 30, np.dtype(np.float64): 400}
 
 
 def spares(n_neighbors: int) -> int:
     """Spare candidates each row keeps beyond its ``n_neighbors`` for the float64 re-ranking."""
-    return max(MIN_SPARES, int(n_neighbors))
+    return max(MIN_SPARES, min(MAX_SPARES, int(n_neighbors)))
 
 
 def error_bound(mode: str, d: int, dtype) -> tuple[float, float]:
@@ -164,6 +172,10 @@ def exact_distances(A, rows, index, p: int, backend: Backend):
 
 def _nearest_first(index, dist, k: int, xp):
     """Each row's k first (dist, index) pairs in ascending order, ties to the lower index."""
+    if xp is np:
+        from kkmgpu.kernels import knn_cpu
+
+        return knn_cpu.nearest_first(np.ascontiguousarray(index, dtype=np.int64), np.ascontiguousarray(dist), k)
     by_index = argsort_stable(xp, index)
     index = xp.take_along_axis(index, by_index, axis=1)
     dist = xp.take_along_axis(dist, by_index, axis=1)
@@ -177,54 +189,77 @@ def _certified(dist_k, sq, r, c: float, e_abs: float, index, xp):
     return (dist_k < sq + r - c * sq - e_abs) & xp.all(index >= 0, axis=1)
 
 
-def _candidates_cpu(a, m, col_sq, mode, backend, block):
+def _candidates(a, m, col_sq, mode, backend, block=None):
+    """(keys, index) (n, m): each row's m least keys col_sq[j] - 2 a_i . a_j by the device's search: sorted lists
+    over the blocks on and above the diagonal (knn_cpu.search up to LIST_MAX, the knn_cuda kernel up to its
+    MAX_NEIGHBORS), else row tiles with a selection (:func:`row_tile_candidates`: O(n) a row however long the
+    lists)."""
+    if backend.is_gpu:
+        from kkmgpu.kernels import knn_cuda
+
+        if m <= knn_cuda.MAX_NEIGHBORS:
+            if block is None:
+                block = knn_cuda.block_rows(a, backend, knn_cuda.BLOCK, mode)
+            return knn_cuda.search(a, m, block=block, col_sq=col_sq, mode=mode)
+        return row_tile_candidates(a, m, col_sq, mode, backend)
     from kkmgpu.kernels import knn_cpu
 
-    keys, cand = knn_cpu.search(a, m, block=block or knn_cpu.BLOCK, col_sq=col_sq)
-    return keys.astype(np.float64), cand
-
-
-def _candidates_gpu(a, m, col_sq, mode, backend, block):
-    from kkmgpu.kernels import knn_cuda
-
-    if m <= knn_cuda.MAX_NEIGHBORS:
-        if block is None:
-            block = gpu_block(a, backend, knn_cuda.BLOCK, mode)
-        return knn_cuda.search(a, m, block=block, col_sq=col_sq, mode=mode)
+    if m <= knn_cpu.LIST_MAX:
+        keys, cand = knn_cpu.search(a, m, block=block or knn_cpu.BLOCK, col_sq=col_sq)
+        return keys.astype(np.float64), cand
     return row_tile_candidates(a, m, col_sq, mode, backend)
 
 
-def gpu_block(a, backend: Backend, block: int, mode: str) -> int:
-    """Rows of the GPU search's blocks: one block x block product, its transpose and the two blocks' operands in
-    ``mode`` within the work budget."""
-    entry = 2 * a.dtype.itemsize
-    operands = 2 * _gemm.operand_bytes(1, a.shape[1], mode)
-    budget = work_bytes(block * block * entry, backend, minimum=32 * 32 * entry)
-    fits = math.isqrt(max(1, budget - operands * block) // entry)
-    return max(32, min(block, fits))
-
-
-def row_tile_candidates(a, m: int, col_sq, mode: str, backend: Backend):
-    """(keys, index) (n, m), not sorted: each row's m least keys col_sq[j] - 2 a_i . a_j over all other points, in
-    row tiles of the product in ``mode`` and ``argpartition`` (lists longer than knn_cuda's kernel keeps)."""
+def row_tile_candidates(a, m: int, col_sq, mode: str, backend: Backend, rows=None):
+    """(keys, index) (len(rows), m), not sorted: the m least keys col_sq[j] - 2 a_i . a_j over all other points
+    of each row i in ``rows`` (default: every row), in row tiles of the product in ``mode`` and a selection
+    (``argpartition`` on a GPU, :func:`kkmgpu.kernels.knn_cpu.select_rows` on the CPU)."""
     xp = backend.xp
     n = a.shape[0]
-    index = xp.empty((n, m), dtype=xp.int64)
-    keys = xp.empty((n, m), dtype=xp.float64)
+    rows = xp.arange(n) if rows is None else rows
+    index = xp.empty((rows.shape[0], m), dtype=xp.int64)
+    keys = xp.empty((rows.shape[0], m), dtype=xp.float64 if backend.is_gpu else a.dtype)
     right = _gemm.right_operand(a, mode, xp)
     cols = col_sq.astype(a.dtype)
     step = _chunk(n, 3 * a.dtype.itemsize + 8, backend)
-    for i0 in range(0, n, step):
-        i1 = min(n, i0 + step)
-        D = _gemm.gemm(_gemm.left_operand(a[i0:i1], mode, xp), right, backend, mode)
+    for t0 in range(0, rows.shape[0], step):
+        R = rows[t0:t0 + step]
+        D = _gemm.gemm(_gemm.left_operand(a[R], mode, xp), right, backend, mode)
         D *= -2
         D += cols[None, :]
-        rows = xp.arange(i1 - i0)
-        D[rows, rows + i0] = xp.inf
-        part = xp.argpartition(D, m - 1, axis=1)[:, :m] if m < n - 1 else xp.argsort(D, axis=1)[:, :m]
-        index[i0:i1] = part
-        keys[i0:i1] = xp.take_along_axis(D, part, axis=1)
-    return keys, index
+        D[xp.arange(R.shape[0]), R] = xp.inf
+        if backend.is_gpu:
+            part = xp.argpartition(D, m - 1, axis=1)[:, :m] if m < n - 1 else xp.argsort(D, axis=1)[:, :m]
+            index[t0:t0 + step] = part
+            keys[t0:t0 + step] = xp.take_along_axis(D, part, axis=1)
+        else:
+            from kkmgpu.kernels import knn_cpu
+
+            knn_cpu.select_rows(D, m, keys[t0:t0 + step], index[t0:t0 + step])
+    return keys.astype(xp.float64, copy=False), index
+
+
+def predicted_certified(A, mean, p: int, sq, k: int, m: int, c: float, e_abs: float, backend: Backend,
+                        sample: int = CERTIFY_SAMPLE) -> float:
+    """The fraction of rows that a search with the bound (c, e_abs) and m candidates would certify, measured on
+    ``sample`` rows (a fixed seed): a row is counted when its k-th float64 distance D_k is below its m-th D_m
+    less the bound of the m-th point, c (||a_i||^2 + ||a_(m)||^2) + e_abs (the certificate, module docstring step
+    4, with error-free keys). Their distances to all points come from float64 GEMM-form products."""
+    xp = backend.xp
+    n, d = A.shape
+    rows = xp.asarray(np.sort(np.random.default_rng(0).choice(n, size=min(n, sample), replace=False)))
+    Y = (A[rows].astype(xp.float64) - mean) * 2.0 ** -p
+    D = xp.empty((rows.shape[0], n), dtype=xp.float64)
+    step = _chunk(3 * d, 8, backend)
+    for j0 in range(0, n, step):
+        D[:, j0:j0 + step] = -2.0 * (Y @ ((A[j0:j0 + step].astype(xp.float64) - mean) * 2.0 ** -p).T)
+    D += sq[None, :]
+    D += sq[rows, None]
+    D[xp.arange(rows.shape[0]), rows] = xp.inf
+    D_k = xp.partition(D, k - 1, axis=1)[:, k - 1]
+    far = xp.argpartition(D, m - 1, axis=1)[:, m - 1]
+    D_m = D[xp.arange(rows.shape[0]), far]
+    return float((D_k < D_m - c * (sq[rows] + sq[far]) - e_abs).mean())
 
 
 def search(A, n_neighbors: int, backend: Backend, precision: str = _gemm.DEFAULT_PRECISION, *, block=None,
@@ -232,8 +267,14 @@ def search(A, n_neighbors: int, backend: Backend, precision: str = _gemm.DEFAULT
     """(index, sq): the ``n_neighbors`` nearest other rows of A (n, d) for every row, nearest first, by float64
     squared distances of A's values (ties to the lower index), and those distances; found by the device's
     low-precision search in ``precision`` and certified (module docstring). ``block``: the search's block rows
-    (tests shrink it). ``report``: a dict that takes the spare count, the rows certified from the candidates and
-    the rows recomputed in float64 and directly."""
+    (tests shrink it). ``report``: a dict that takes the mode, the spare count, the fraction of rows the
+    working-precision candidates were predicted to certify (:func:`predicted_certified`; absent when the search is
+    in float64 or every point is a candidate), the rows certified from the candidates and the rows recomputed in
+    float64 and directly.
+
+    Where fewer than CERTIFY_MIN of the sampled rows would be certified (points nearly on a line, whose
+    neighbour distances are below the working precision's bound), the working-precision search is skipped: every
+    row is searched with float64 keys (step 5)."""
     xp = backend.xp
     n, d = A.shape
     k = int(n_neighbors)
@@ -247,8 +288,15 @@ def search(A, n_neighbors: int, backend: Backend, precision: str = _gemm.DEFAULT
         if k + MIN_SPARES <= MAX_NEIGHBORS:
             m = min(m, MAX_NEIGHBORS)
     m = min(n - 1, m)
-    find = _candidates_gpu if backend.is_gpu else _candidates_cpu
-    keys, cand = find(a, m, (1.0 - c) * sq, mode, backend, block)
+    report = {} if report is None else report
+    report.update(mode=mode, spares=m - k)
+    if m < n - 1 and mode != "fp64":
+        report["predicted_certified"] = predicted_certified(A, mean, p, sq, k, m, c, e_abs, backend)
+        if report["predicted_certified"] < CERTIFY_MIN:
+            report["candidates_certified"] = 0.0
+            index, dist = _recompute(A, xp.arange(n), k, m, mean, p, backend, report)
+            return index, _unscaled_checked(dist, p, A, xp)
+    keys, cand = _candidates(a, m, (1.0 - c) * sq, mode, backend, block)
     dist = exact_distances(A, xp.arange(n), cand, p, backend)
     r = keys.max(axis=1)
     index, dist = _nearest_first(cand, dist, k, xp)
@@ -256,68 +304,44 @@ def search(A, n_neighbors: int, backend: Backend, precision: str = _gemm.DEFAULT
         bad = xp.flatnonzero(~_certified(dist[:, k - 1], sq, r, c, e_abs, cand, xp))
     else:   # every other point is a candidate: nothing to certify
         bad = xp.flatnonzero(xp.any(cand < 0, axis=1))
-    report = {} if report is None else report
-    report.update(mode=mode, spares=m - k, candidates_certified=1.0 - int(bad.shape[0]) / n)
+    report.update(candidates_certified=1.0 - int(bad.shape[0]) / n)
     if bad.shape[0]:
         index[bad], dist[bad] = _recompute(A, bad, k, m, mean, p, backend, report)
     else:
         report.update(float64_rows=0, direct_rows=0)
-    dist = dist * 2.0 ** p * 2.0 ** p   # (4.0 ** p overflows a Python float first)
-    if not bool(xp.isfinite(dist).all()):
+    return index, _unscaled_checked(dist, p, A, xp)
+
+
+def _unscaled_checked(dist, p: int, A, xp):
+    if not bool(xp.isfinite(dist := _unscaled(dist, p)).all()):
         raise ValueError(f"squared distances of the features (up to {float(xp.abs(A).max()):.3g} in magnitude) "
                          "overflow float64; scale the data down.")
-    return index, dist
+    return dist
 
 
 def _recompute(A, rows, k: int, m: int, mean, p: int, backend: Backend, report: dict):
     """(index, dist) of ``rows`` (module docstring, step 5): each row's m least float64 GEMM-form keys over all
-    points (column blocks, a running ``argpartition``), re-ranked and certified with the float64 bound; the rows
-    that still fail by direct distances to every point."""
+    points, re-ranked and certified with the float64 bound; the rows that still fail by direct distances to every
+    point. Up to half the rows take row tiles (:func:`row_tile_candidates`); more take the device's search of
+    every row (:func:`_candidates`: half the products, and sorted lists instead of a selection of each row)."""
     xp = backend.xp
     n, d = A.shape
-    scale = 2.0 ** -p
+    check_fits(n * d * 8, backend, f"the float64 features of the recomputed rows' search ({n} x {d})")
+    a64 = _prepared(A, mean, p, backend, xp.float64)
+    sq = _norms(a64, backend)
     c, e_abs = error_bound("fp64", d, np.float64)
-
-    def centred(i0, i1):
-        return (A[i0:i1].astype(xp.float64) - mean) * scale
-
-    sq = xp.empty(n, dtype=xp.float64)
-    step = _chunk(d, 16, backend)
-    for j0 in range(0, n, step):
-        Y = centred(j0, j0 + step)
-        sq[j0:j0 + step] = (Y * Y).sum(axis=1)
-    shifted = (1.0 - c) * sq
-    out_index = xp.empty((rows.shape[0], k), dtype=xp.int64)
-    out_dist = xp.empty((rows.shape[0], k), dtype=xp.float64)
-    failed = []
-    step = _chunk(d + 2 * m, 8, backend)
-    for t0 in range(0, rows.shape[0], step):
-        R = rows[t0:t0 + step]
-        r = R.shape[0]
-        YR = (A[R].astype(xp.float64) - mean) * scale
-        keys = xp.full((r, m), xp.inf)
-        part = xp.full((r, m), -1, dtype=xp.int64)
-        cols = max(1, _chunk(3 * r, 8, backend) - m)
-        for j0 in range(0, n, cols):
-            j1 = min(n, j0 + cols)
-            block = shifted[None, j0:j1] - 2.0 * (YR @ centred(j0, j1).T)
-            own = (R >= j0) & (R < j1)
-            block[xp.flatnonzero(own), R[own] - j0] = xp.inf
-            merged = xp.concatenate([keys, block], axis=1)
-            merged_index = xp.concatenate([part, xp.broadcast_to(xp.arange(j0, j1, dtype=xp.int64), block.shape)],
-                                          axis=1)
-            keep = xp.argpartition(merged, m - 1, axis=1)[:, :m]
-            keys = xp.take_along_axis(merged, keep, axis=1)
-            part = xp.take_along_axis(merged_index, keep, axis=1)
-        index, dist = _nearest_first(part, exact_distances(A, R, part, p, backend), k, xp)
-        ok = _certified(dist[:, k - 1], sq[R], keys.max(axis=1), c, e_abs, part, xp)
-        out_index[t0:t0 + step], out_dist[t0:t0 + step] = index, dist
-        failed.append(t0 + xp.flatnonzero(~ok))
-    failed = xp.concatenate(failed)
+    if 2 * rows.shape[0] > n:
+        keys, part = _candidates(a64, m, (1.0 - c) * sq, "fp64", backend)
+        keys, part = keys[rows], part[rows]
+    else:
+        keys, part = row_tile_candidates(a64, m, (1.0 - c) * sq, "fp64", backend, rows=rows)
+    del a64
+    index, dist = _nearest_first(part, exact_distances(A, rows, part, p, backend), k, xp)
+    failed = xp.flatnonzero(~_certified(dist[:, k - 1], sq[rows], keys.max(axis=1), c, e_abs, part, xp))
     report.update(float64_rows=int(rows.shape[0]), direct_rows=int(failed.shape[0]))
     if failed.shape[0]:
-        out_index[failed], out_dist[failed] = _direct(A, rows[failed], k, p, backend)
-    return out_index, out_dist
+        index[failed], dist[failed] = _direct(A, rows[failed], k, p, backend)
+    return index, dist
 
 
 def _direct(A, rows, k: int, p: int, backend: Backend):
@@ -458,14 +482,14 @@ def query(A, Q, n_neighbors: int, backend: Backend, precision: str = _gemm.DEFAU
     return index, dist, (rr, jj, _unscaled(dd, p))
 
 
-def _prepared(Q, mean, p: int, backend: Backend):
-    """fl((Q - mean) 2^-p) in Q's dtype, as :func:`prepare` makes A's."""
+def _prepared(Q, mean, p: int, backend: Backend, dtype=None):
+    """fl((Q - mean) 2^-p) in ``dtype`` (default Q's), as :func:`prepare` makes A's."""
     xp = backend.xp
-    out = xp.empty_like(Q)
+    out = xp.empty(Q.shape, dtype=Q.dtype if dtype is None else dtype)
     step = _chunk(Q.shape[1], 16, backend)
     scale = 2.0 ** -p
     for i0 in range(0, Q.shape[0], step):
-        out[i0:i0 + step] = ((Q[i0:i0 + step].astype(xp.float64) - mean) * scale).astype(Q.dtype)
+        out[i0:i0 + step] = ((Q[i0:i0 + step].astype(xp.float64) - mean) * scale).astype(out.dtype)
     return out
 
 
