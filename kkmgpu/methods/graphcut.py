@@ -45,7 +45,9 @@ from kkmgpu.engine.lloyd import ConvergenceWarning
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import graphs as _graphs
 from kkmgpu.kernels import spec as _kernel_spec
+from kkmgpu.methods import graph_scale as _scale
 from kkmgpu.methods import graph_spectral as _spectral
+from kkmgpu.methods.graph_scale import graph_features
 from kkmgpu.methods.graph_spectral import psd_shift, spectral_embedding  # noqa: F401  (re-exported)
 
 OBJECTIVES = ("kernel_kmeans", "ncut", "ratio_association")
@@ -67,6 +69,7 @@ class GraphState:
     objective: str
     shift: float           # sigma, in the units of A / 2**exponent
     exponent: int = 0      # the fit ran on A / 2**exponent (normalize_scale)
+    scaled: int = 0        # the features are (X - center) / 2**scaled (feature_exponent)
 
 
 # --- checks ----------------------------------------------------------------------------------------------------
@@ -216,21 +219,6 @@ def offset(objective, shift, n, k) -> float:
 
 # --- fit -------------------------------------------------------------------------------------------------------
 
-def graph_features(Xd, dtype, backend, center=None):
-    """(center, features): X centred in float64 (on its mean, or ``center``), then cast to the compute precision
-    (an offset such as 1e7 would otherwise take the float32 digits before the centring could)."""
-    from kkmgpu.kernels.blocks import tile_rows
-
-    xp = backend.xp
-    ct = np.float64 if _validation.check_dtype(dtype) == np.float64 else np.float32
-    center = Xd.mean(axis=0, dtype=xp.float64) if center is None else backend.asarray(center).astype(xp.float64)
-    features = xp.empty(Xd.shape, dtype=ct)
-    step = tile_rows(Xd.shape[1], 8, backend=backend)
-    for i0 in range(0, Xd.shape[0], step):
-        features[i0:i0 + step] = (Xd[i0:i0 + step].astype(xp.float64) - center).astype(ct)
-    return center, features
-
-
 def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, init, n_init, max_iter, tol,
         random_state, verbose, keep_on_device, progress, fit_exact, neighbors=None,
         gemm_precision=_gemm.DEFAULT_PRECISION):
@@ -245,19 +233,21 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
     rng = _validation.make_rng(random_state)
     backend = resolve_device(device, (X,))
     with memory_situation(dtype=_validation.check_dtype(dtype)), backend.activate():
-        state_graph, features, center = None, None, None
+        state_graph, features, center, scaled = None, None, None, 0
         if affinity == "precomputed":
             A = _check_affinity_matrix(X, backend)
             n = A.shape[0]
         else:
             Xd = _validation.check_data(X, backend)
             n = Xd.shape[0]
-            center, features = graph_features(Xd, dtype, backend)
+            center = Xd.mean(axis=0, dtype=backend.xp.float64)
+            scaled = _scale.feature_exponent(Xd, center, _scale.feature_dtype(dtype), backend)
+            features = graph_features(Xd, dtype, backend, center, scaled)[1]
             state_graph = _graphs.build_graph(features, n_neighbors, affinity, backend, neighbors=neighbors,
                                               precision=gemm_precision)
             A = state_graph.graph
         k = _validation.check_k(k, n)
-        A, exponent = normalize_scale(A)
+        A, exponent = _scale.normalize_scale(A)
         d = degrees(A, backend)
         _check_degrees(d, affinity, backend)
         t_graph = time.perf_counter()
@@ -315,25 +305,7 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
                                                         exponent if objective == "ncut" else 0),
             method_params=params, timings=timings, _train_features=None, _trim_state=None,
             _graph_state=GraphState(graph=state_graph, features=features, center=center, objective=objective,
-                                    shift=shift, exponent=exponent))
-
-
-def normalize_scale(A):
-    """(A / 2**e, e): A with its largest entry in [1, 2), e an integer (a copy; A itself where e = 0).
-
-    The graph objectives do not change with a common scale of A (the ratio association's values scale with it,
-    and are reported in A's units), but the graph kernel's float32 values do: D^-1 A D^-1 of an A near 1e60 is
-    near 1e-60, 0 in float32. Dividing by a power of two keeps every digit of A's entries."""
-    if A.nnz == 0:
-        return A, 0
-    exponent = math.frexp(float(A.data.max()))[1] - 1
-    if exponent == 0:
-        return A, 0
-    A = A.copy()
-    half = -exponent // 2  # two factors, each representable, where 2**-e is not (e near -1074 or 1023)
-    A.data *= 2.0 ** half
-    A.data *= 2.0 ** (-exponent - half)
-    return A, exponent
+                                    shift=shift, exponent=exponent, scaled=scaled))
 
 
 def _check_degrees(d, affinity, backend):
@@ -439,7 +411,7 @@ def predict(result, X_new, backend, batch_size=None):
     if X_new.shape[1] != state.features.shape[1]:
         raise ValueError(f"X_new has {X_new.shape[1]} features but the model was fit on "
                          f"{state.features.shape[1]}.")
-    Q = graph_features(X_new, state.features.dtype, backend, center=state.center)[1]   # as the training features
+    Q = graph_features(X_new, state.features.dtype, backend, state.center, state.scaled)[1]   # as the training's
     W, nearest = _graphs.query_affinity(state.graph, state.features, Q, backend, rows=batch_size)
     W = W * (2.0 ** -state.exponent)                  # the fit's units, A / 2**exponent (normalize_scale)
     labels = backend.asarray(result._train_labels).astype(xp.int64)

@@ -1,0 +1,79 @@
+"""Scale safety of the graph objectives (:mod:`kkmgpu.methods.graphcut`): the features the graph is built from,
+and the affinity matrix the graph kernel is formed from, each brought into range by a power of two (issue 27).
+
+Neither changes a graph objective's partitions: a kNN set and d^2 / (sigma_i sigma_j) do not change with a common
+power-of-two scale of X (the scaling is exact), and the normalized cut and the partitions of either objective do
+not change with a common scale of A. Both keep float32 from rounding the data to nothing or to infinity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kkmgpu import _validation
+
+#: features whose largest centred |value| lies outside [2**-LIMIT, 2**LIMIT] of their dtype are scaled by a power of two
+FEATURE_RANGE = {np.dtype(np.float32): 60, np.dtype(np.float64): 500}
+
+
+def feature_exponent(Xd, center, dtype, backend) -> int:
+    """e such that (X - center) / 2**e has its largest |value| in [1, 2), where it lies outside the dtype's
+    FEATURE_RANGE (X * 1e40 would be infinite in float32, X * 1e-45 lose its digits), else 0: every graph is the
+    same for a power-of-two scale of X (kNN sets and d^2 / (sigma_i sigma_j) alike), and ordinary data stay as they
+    are."""
+    from kkmgpu.kernels.blocks import tile_rows
+
+    xp = backend.xp
+    largest = 0.0
+    step = tile_rows(Xd.shape[1], 8, backend=backend)
+    for i0 in range(0, Xd.shape[0], step):
+        largest = max(largest, float(xp.abs(Xd[i0:i0 + step].astype(xp.float64) - center).max()))
+    limit = FEATURE_RANGE[np.dtype(dtype)]
+    if largest == 0.0 or not math.isfinite(largest) or 2.0 ** -limit <= largest <= 2.0 ** limit:
+        return 0
+    return math.frexp(largest)[1] - 1
+
+
+def feature_dtype(dtype):
+    return np.float64 if _validation.check_dtype(dtype) == np.float64 else np.float32
+
+
+def graph_features(Xd, dtype, backend, center=None, exponent=None):
+    """(center, features): X centred in float64 (on its mean, or ``center``), divided by 2**exponent (by default
+    :func:`feature_exponent`'s), then cast to the compute precision (an offset such as 1e7 would otherwise take the
+    float32 digits before the centring could)."""
+    from kkmgpu.kernels.blocks import tile_rows
+
+    xp = backend.xp
+    ct = feature_dtype(dtype)
+    center = Xd.mean(axis=0, dtype=xp.float64) if center is None else backend.asarray(center).astype(xp.float64)
+    exponent = feature_exponent(Xd, center, ct, backend) if exponent is None else exponent
+    half = -exponent // 2  # two factors, each representable, where 2**-e is not
+    features = xp.empty(Xd.shape, dtype=ct)
+    step = tile_rows(Xd.shape[1], 8, backend=backend)
+    for i0 in range(0, Xd.shape[0], step):
+        rows = Xd[i0:i0 + step].astype(xp.float64) - center
+        if exponent:
+            rows = rows * 2.0 ** half * 2.0 ** (-exponent - half)
+        features[i0:i0 + step] = rows.astype(ct)
+    return center, features
+
+
+def normalize_scale(A):
+    """(A / 2**e, e): A with its largest entry in [1, 2), e an integer (a copy; A itself where e = 0).
+
+    The graph objectives do not change with a common scale of A (the ratio association's values scale with it,
+    and are reported in A's units), but the graph kernel's float32 values do: D^-1 A D^-1 of an A near 1e60 is
+    near 1e-60, 0 in float32. Dividing by a power of two keeps every digit of A's entries."""
+    if A.nnz == 0:
+        return A, 0
+    exponent = math.frexp(float(A.data.max()))[1] - 1
+    if exponent == 0:
+        return A, 0
+    A = A.copy()
+    half = -exponent // 2  # two factors, each representable, where 2**-e is not (e near -1074 or 1023)
+    A.data *= 2.0 ** half
+    A.data *= 2.0 ** (-exponent - half)
+    return A, exponent
