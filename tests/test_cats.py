@@ -443,7 +443,8 @@ def test_cli_rejects_samples_per_cluster_for_exact(tmp_path, capsys):
     path = tmp_path / "points.csv"
     np.savetxt(path, blobs(30, 2, 2, seed=23)[0], delimiter=",")
     assert main(["fit", str(path), "-k", "2", "--samples-per-cluster", "4", "--device", "cpu"]) == 2
-    assert "n_samples_per_cluster" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--samples-per-cluster" in err and "method" in err   # in the command line's words
 
 
 # --------------------------------------------------------------------------- parameters
