@@ -295,7 +295,8 @@ def check_cats_params(method, *, n_samples_per_cluster, window, theta, rcond, ex
              if value is not None}
     if method != "cats":
         if given:
-            raise ValueError(f"{', '.join(given)} only apply to method='cats' (method={method!r}).")
+            raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to method='cats' "
+                             f"(method={method!r}).")
         return None
     from kkmgpu.engine.sampled import default_samples_per_cluster
 
@@ -322,7 +323,8 @@ def check_trim_params(method, *, vote_fraction, slack, h, max_size=None, default
                                       ("trim_h", h), ("trim_max_size", max_size)) if value is not None]
     if method != "trimmed":
         if given:
-            raise ValueError(f"{', '.join(given)} only apply to method='trimmed' (method={method!r}).")
+            raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to method='trimmed' "
+                             f"(method={method!r}).")
         return None
     vote_fraction, slack, h, max_size = check_trim_values(
         defaults["vote_fraction"] if vote_fraction is None else vote_fraction,

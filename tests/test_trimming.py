@@ -520,7 +520,7 @@ def test_fit_validates_the_trimming_parameters():
         kkmgpu.fit(X, 2, method="trimmed", trim_slack=2, device="cpu")
     with pytest.raises(TypeError, match="trim_h=1.5 must be an integer"):
         kkmgpu.fit(X, 2, method="trimmed", trim_h=1.5, device="cpu")
-    with pytest.raises(ValueError, match="trim_vote_fraction only apply to method='trimmed'"):
+    with pytest.raises(ValueError, match="trim_vote_fraction applies only to method='trimmed'"):
         kkmgpu.fit(X, 2, trim_vote_fraction=0.2, device="cpu")
 
 
