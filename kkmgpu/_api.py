@@ -416,6 +416,11 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
     dist(x, c) = k(x, x) - 2 sum_{j in c} w_j k(x, x_j) / n_c + C_c / n_c^2; the k(x, x) term does not
     change the argmin and is skipped.
 
+    Graph objectives: the new points' affinities to the training points stand for k(x, x_j), and a new point
+    equal to a training point takes that point's label, so predict(result, X_train) is the fit's labels except
+    where the fit split identical training points among clusters: every copy takes the first one's
+    (docs/graphs.md, "Predicting new points").
+
     Parameters
     ----------
     result : KernelKMeansResult

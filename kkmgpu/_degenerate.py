@@ -57,7 +57,7 @@ def clamp_rounding(result, X, spec, weights_h, backend, dt, precomputed):
     if not any(v is not None and v < 0 for v in values):
         return result
     if precomputed:
-        diag = backend.xp.diagonal(X).astype(np.float64)
+        diag = (X.diagonal() if _sparse.is_sparse(X) else backend.xp.diagonal(X)).astype(np.float64)
     else:
         compute = _kernel_spec.compute_dtype(dt)
         diag = _kernels.kernel_diagonal(_kernels.prepare_features(X, spec, backend, compute), spec, backend)
