@@ -177,3 +177,38 @@ def test_float32_bounded_search_needs_its_rounding_margin(rng, monkeypatch):
     monkeypatch.setattr(knn_bounds, "_margin", lambda *a: 0.0 * margin(*a))
     wrong = knn_bounds.nearest_neighbors(X, 4, prune=True, axes=2, n_candidates=6) != want
     assert wrong.any(axis=1).sum() >= 1
+
+
+def test_offers_in_any_order_keep_the_lower_index_of_equal_keys(device, rng):
+    """Equal keys offered out of index order (the later columns first, as the threaded search's workers and the
+    GPU's transposed products may): offer_block on both devices, the CPU's transposed pass and its merge of two
+    workers' lists keep the lower index, as one pass in index order does."""
+    from kkmgpu.kernels.knn_cpu import _merge, _offer_columns
+
+    keys = rng.integers(0, 6, size=(30, 40)).astype(np.float64)
+    G = np.concatenate([keys, keys], axis=1) * -0.5           # columns 40-79 repeat columns 0-39's keys
+    want = np.argsort(-2.0 * G, axis=1, kind="stable")[:, :7] + 100
+    backend = resolve_device(device)
+    if device == "cpu":
+        offer = knn_cpu.offer_block
+    else:
+        from kkmgpu.kernels import knn_cuda
+
+        offer = knn_cuda.offer_block
+    best, arg = backend.asarray(np.full((30, 7), np.inf)), backend.asarray(np.full((30, 7), -1, dtype=np.int64))
+    for c0 in (40, 0):   # the repeated keys' higher indices first
+        offer(backend.asarray(np.ascontiguousarray(G[:, c0:c0 + 40])), backend.asarray(np.zeros(40)), 0,
+              100 + c0, best, arg)
+    np.testing.assert_array_equal(backend.to_host(arg), want)
+    if device == "cpu":
+        best_t, arg_t = np.full((300, 7), np.inf), np.full((300, 7), -1, dtype=np.int64)
+        for c0 in (40, 0):   # the same keys through the transposed pass: rows 100 + c of the search
+            _offer_columns(np.ascontiguousarray(G[:, c0:c0 + 40].T), np.zeros(40), 100 + c0, 0, best_t, arg_t)
+        np.testing.assert_array_equal(arg_t[:30], want)
+        halves = []
+        for c0 in (40, 0):   # two workers' lists, the one with the lower indices merged in last
+            b, a = np.full((30, 7), np.inf), np.full((30, 7), -1, dtype=np.int64)
+            knn_cpu.offer_block(np.ascontiguousarray(G[:, c0:c0 + 40]), np.zeros(40), 0, 100 + c0, b, a)
+            halves.append((b, a))
+        _merge(*halves[0], *halves[1])
+        np.testing.assert_array_equal(halves[0][1], want)
