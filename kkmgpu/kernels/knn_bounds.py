@@ -22,7 +22,10 @@ distances and their bounds at each width of ``GRID`` estimate the cost of every 
 search, in units of one feature of the half-matrix product pass, from costs measured on a 2-core CPU. On
 MNIST-70k (784 pixels, 10 neighbours) it picks 192 axes and 40 candidates, and the search takes 15 s against
 29 s for brute force (``bench/bench_graphs.py search``). On data without a few dominant directions it keeps
-the brute-force search.
+the brute-force search. The sampled rows' counts include the rounding margin (below): on rank-1 data it covers
+every point, and the plan keeps the brute-force search. A planned search measures itself after its candidate walks
+and falls back to the brute-force search where walking the uncertified rows would cost more (``abandoned`` in the
+report).
 
 The rounding margin covers the float rounding of the centred rows, the rotation and the products on z (a
 worst-case bound, 4 (d + g + 8) u (||z_i|| + max ||z||)^2, u the unit roundoff of A's precision): a candidate
