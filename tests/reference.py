@@ -272,3 +272,12 @@ def reference_approx_kernel_kmeans(K_B, K_BB, diag, init_labels, k, sample_weigh
             break
     return ReferenceResult(labels=labels, objective=objective, objective_history=np.asarray(history),
                            n_iter=n_iter, converged=converged, history_labels=history_labels)
+
+
+def nearest_neighbors(X, k):
+    """(index, sq): each row's k nearest other rows by float64 distance of X's values, ties to the lower index."""
+    X64 = np.asarray(X, dtype=np.float64)
+    D = cdist(X64, X64, "sqeuclidean")
+    np.fill_diagonal(D, np.inf)
+    index = np.argsort(D, axis=1, kind="stable")[:, :k]
+    return index, np.take_along_axis(D, index, axis=1)

@@ -1,4 +1,7 @@
-"""Small labelled data sets and initial partitions shared by the method tests (fixed seeds, fresh per seed)."""
+"""Small labelled data sets and initial partitions shared by the method tests (fixed seeds, fresh per seed), and
+two helpers they share: ``host`` and ``quiet_fit``."""
+
+import warnings
 
 import numpy as np
 
@@ -17,3 +20,17 @@ def random_partition(n, k, seed):
     labels = rng.integers(0, k, n)
     labels[rng.permutation(n)[:k]] = np.arange(k)
     return labels.astype(np.int32)
+
+
+def host(a):
+    """A NumPy copy of a NumPy or CuPy array."""
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def quiet_fit(X, k, **kwargs):
+    """kkmgpu.fit without its ConvergenceWarning (tests that check labels, not convergence)."""
+    import kkmgpu
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
+        return kkmgpu.fit(X, k, **kwargs)

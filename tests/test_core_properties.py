@@ -29,16 +29,7 @@ from kkmgpu.bandwidth import offgrid as _offgrid
 from kkmgpu.engine.dense import DenseKernelOperator
 from kkmgpu.engine.lloyd import kmeans_plus_plus, random_partition, refill_empty_clusters
 from kkmgpu.engine.tiled import TiledKernelOperator
-
-
-def host(a):
-    return np.asarray(a.get() if hasattr(a, "get") else a)
-
-
-def quiet_fit(X, k, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
-        return kkmgpu.fit(X, k, **kwargs)
+from synthetic import host, quiet_fit
 
 
 def blobs(rng, sizes, d, spread=4.0, noise=1.0):

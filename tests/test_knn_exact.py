@@ -22,17 +22,9 @@ import kkmgpu
 from kkmgpu.backend.device import resolve_device
 from kkmgpu.kernels import gemm, knn_cpu, knn_exact
 from kkmgpu.kernels.graphs import nearest_neighbors
+from reference import nearest_neighbors as reference
 
 MODES = list(gemm.PRECISIONS)
-
-
-def reference(X, k):
-    """(index, sq): each row's k nearest other rows by float64 distance of X's values, ties to the lower index."""
-    X64 = np.asarray(X, dtype=np.float64)
-    D = cdist(X64, X64, "sqeuclidean")
-    np.fill_diagonal(D, np.inf)
-    index = np.argsort(D, axis=1, kind="stable")[:, :k]
-    return index, np.take_along_axis(D, index, axis=1)
 
 
 def hostile(rng, n=240, d=32):

@@ -19,15 +19,7 @@ from scipy.spatial.distance import cdist
 
 from kkmgpu.backend.device import resolve_device
 from kkmgpu.kernels import knn_bounds, knn_cpu, knn_exact
-
-
-def reference(X, k):
-    """(index, sq): each row's k nearest other rows by float64 distance of X's values, ties to the lower index."""
-    X64 = np.asarray(X, dtype=np.float64)
-    D = cdist(X64, X64, "sqeuclidean")
-    np.fill_diagonal(D, np.inf)
-    index = np.argsort(D, axis=1, kind="stable")[:, :k]
-    return index, np.take_along_axis(D, index, axis=1)
+from reference import nearest_neighbors as reference
 
 
 def rank_one(rng, n, d=64):

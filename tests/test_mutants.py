@@ -24,8 +24,6 @@ assign_labels' per-cluster counts made non-atomic is a planted bug of the CUDA-o
 (tests/cuda_planted/racy_counts.cu, tests/test_cudacpu.py).
 """
 
-import warnings
-
 import numpy as np
 import pytest
 
@@ -37,16 +35,7 @@ from kkmgpu.engine.dense import DenseKernelOperator
 from kkmgpu.engine.tiled import tiled_ops
 from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.kernels.epilogue_codes import EPILOGUE_CODES
-
-
-def host(a):
-    return np.asarray(a.get() if hasattr(a, "get") else a)
-
-
-def quiet_fit(X, k, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", kkmgpu.ConvergenceWarning)
-        return kkmgpu.fit(X, k, **kwargs)
+from synthetic import host, quiet_fit
 
 
 def distances(X):
