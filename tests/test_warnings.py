@@ -127,12 +127,7 @@ def test_engine_warnings_point_at_the_callers_line(backend, trigger):
     this file (kkmgpu._warn.warn), not to kkmgpu/engine."""
     call, category, text = ENGINE_TRIGGERS[trigger]
     X = _blobs(np.random.default_rng(4))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        call(X, backend)
-    given = [w for w in caught if issubclass(w.category, category) and text in str(w.message)]
-    assert given, [str(w.message) for w in caught]
-    assert [w.filename for w in given] == [__file__] * len(given)
+    _assert_attributed_here(call, X, backend, category, text)
 
 
 def _duplicated(rng, n_distinct=12, copies=3):
@@ -170,12 +165,7 @@ def test_module_warnings_point_at_the_callers_line(backend, trigger, monkeypatch
     if trigger == "engine.tiled":  # K takes 90^2 * 8 = 64.8 kB: report 30 kB free
         monkeypatch.setattr(Backend, "available_bytes", lambda self: 30_000)
     X = _blobs(np.random.default_rng(6))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        call(X, backend)
-    given = [w for w in caught if issubclass(w.category, category) and text in str(w.message)]
-    assert given, [str(w.message) for w in caught]
-    assert [w.filename for w in given] == [__file__] * len(given)
+    _assert_attributed_here(call, X, backend, category, text)
 
 
 def test_forced_cpu_warning_points_at_the_callers_line(monkeypatch):
@@ -204,5 +194,15 @@ def test_dask_warning_points_at_the_callers_line():
             kkmgpu.dask.fit(da.from_array(X, chunks=45), 3, device="cpu", client=client, gemm_precision="tf32",
                             random_state=0)
     given = [w for w in caught if "has no effect on the workers" in str(w.message)]
+    assert given, [str(w.message) for w in caught]
+    assert [w.filename for w in given] == [__file__] * len(given)
+
+
+def _assert_attributed_here(call, X, backend, category, text):
+    """call(X, backend) gives a ``category`` warning containing ``text``, each attributed to this file."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call(X, backend)
+    given = [w for w in caught if issubclass(w.category, category) and text in str(w.message)]
     assert given, [str(w.message) for w in caught]
     assert [w.filename for w in given] == [__file__] * len(given)
