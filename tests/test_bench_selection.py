@@ -81,26 +81,27 @@ def test_missing_shared_data_is_unavailable_with_the_reason(bench, tmp_path, mon
 
 def test_run_records_scikit_learn_scores_and_the_report_quotes_them(bench, tmp_path):
     out = tmp_path / "sel.json"
-    bench.main(["run", "--sets", "wine", "flame", "--contestants", "sk-kmeans", "kkm-rbf-scale", "--max-n", "120",
-                "--timeout", "120", "--out", str(out)])
+    bench.main(["run", "--sets", "wine", "moons-n1000-noise0.10", "--contestants", "sk-kmeans", "kkm-rbf-scale",
+                "--max-n", "120", "--timeout", "120", "--out", str(out)])
     doc = json.loads(out.read_text())
     assert doc["schema"] == bench.SCHEMA and doc["split"] == bench.split()
     assert set(doc["sets"]) == set(bench.REGISTRY)
     cases = {(c["set"], c["contestant"]): c for c in doc["cases"]}
-    assert set(cases) == {(s, w) for s in ("wine", "flame") for w in ("sk-kmeans", "kkm-rbf-scale")}
+    assert set(cases) == {(s, w) for s in ("wine", "moons-n1000-noise0.10") for w in ("sk-kmeans", "kkm-rbf-scale")}
     for (name, who), case in cases.items():
         assert case["status"] == "ok" and case["half"] == bench.half_of(name) and case["n"] == 120
         assert case["seconds"] > 0 and 0 <= case["nmi"] <= 1
-    for name in ("wine", "flame"):   # the harness's subsample and metrics against scikit-learn's run of its own
+    # the harness's subsample and metrics against scikit-learn's run of its own (sets a fresh clone can make)
+    for name in ("wine", "moons-n1000-noise0.10"):
         X, y, k = bench.load_set(name, max_n=120)
         labels = sk_cluster.KMeans(k, random_state=0).fit_predict(X)
         assert cases[name, "sk-kmeans"]["nmi"] == pytest.approx(normalized_mutual_info_score(y, labels), abs=1e-12)
         assert cases[name, "sk-kmeans"]["ari"] == pytest.approx(adjusted_rand_score(y, labels), abs=1e-12)
     assert cases["wine", "kkm-rbf-scale"]["evidence"]["gamma"] > 0
     text = bench.report(doc)
-    assert bench.half_of("wine") != bench.half_of("flame")   # one set in each half: both tables appear
+    assert bench.half_of("wine") != bench.half_of("moons-n1000-noise0.10")   # one set in each half: both tables appear
     for half in ("validation", "tuning"):
-        name = "wine" if bench.half_of("wine") == half else "flame"
+        name = "wine" if bench.half_of("wine") == half else "moons-n1000-noise0.10"
         row = re.search(rf"\| sk-kmeans \| ([0-9.]+) \| ([0-9.]+) \|", text.split(f"### {half.capitalize()} half")[1])
         assert float(row.group(1)) == pytest.approx(cases[name, "sk-kmeans"]["nmi"], abs=5e-4)
         assert float(row.group(2)) == pytest.approx(cases[name, "sk-kmeans"]["ari"], abs=5e-4)

@@ -146,13 +146,13 @@ def test_gpu_search_blocks_fit_the_work_budget(monkeypatch, rng):
     """The GPU search holds a block x block product and its transpose within the work budget: smaller blocks
     there, the same neighbours."""
     require_cuda()
-    from kkmgpu.kernels import knn_cuda, knn_exact
+    from kkmgpu.kernels import knn_cuda
 
     blocks_used = []
     search = knn_cuda.search
     monkeypatch.setattr(knn_cuda, "search",
                         lambda A, k, block, **kw: blocks_used.append(block) or search(A, k, block, **kw))
-    monkeypatch.setattr(knn_exact, "work_bytes", lambda cap, backend, minimum=1: max(minimum, 2 * 40 * 40 * 8 + 9))
+    monkeypatch.setattr(knn_cuda, "work_bytes", lambda cap, backend, minimum=1: max(minimum, 2 * 40 * 40 * 8 + 9))
     X = rng.normal(size=(150, 3))
     backend = resolve_device("cuda")
     index, _ = nearest_neighbors(backend.asarray(X), 6, backend, "fp32")

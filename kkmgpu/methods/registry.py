@@ -33,8 +33,12 @@ class Method:
     predict: Callable[..., Any]
 
 
-#: name -> Method, in registration order (the order of ``fit``'s documentation)
+#: name -> Method: the built-in methods in the order of ``fit``'s documentation, then others in registration order
+#: (the order does not depend on which module happened to be imported first)
 METHODS: dict[str, Method] = {}
+
+#: the built-in methods' order
+BUILT_IN = ("exact", "cats", "eigen", "trimmed", "approx")
 
 
 def register(name: str, summary: str, params: tuple[str, ...], check, run, predict) -> Method:
@@ -45,6 +49,10 @@ def register(name: str, summary: str, params: tuple[str, ...], check, run, predi
         if p in owned:
             raise ValueError(f"parameter {p!r} of method {name!r} already belongs to method {owned[p]!r}")
     METHODS[name] = method = Method(name, summary, tuple(params), check, run, predict)
+    rank = {m: i for i, m in enumerate(BUILT_IN)}
+    ordered = sorted(METHODS.items(), key=lambda item: rank.get(item[0], len(BUILT_IN)))   # stable: others keep theirs
+    METHODS.clear()
+    METHODS.update(ordered)
     return method
 
 
