@@ -502,7 +502,9 @@ def report(document, full=False) -> str:
              f"per case; commit {sorted({(r.get('git') or {}).get('commit', '?')[:10] for r in runs})}.", "",
              f"Split: {document.get('split_rule', SPLIT_RULE)}.", ""]
     unavailable = {c: r for run in document.get("runs", []) for c, r in run.get("unavailable", {}).items()}
-    skipped = {s: r for run in document.get("runs", []) for s, r in run.get("skipped_sets", {}).items()}
+    measured = {c["set"] for c in document.get("cases", [])}     # a set skipped in one run may be measured in another
+    skipped = {s: r for run in document.get("runs", []) for s, r in run.get("skipped_sets", {}).items()
+               if s not in measured}
     lines += [f"- `{c}`: {r}" for c, r in unavailable.items()]
     lines += [f"- set `{s}` skipped: {r}" for s, r in skipped.items()]
     for half in ("validation", "tuning"):
