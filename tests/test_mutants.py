@@ -556,3 +556,23 @@ def test_a_scipy_without_eigsh_rng_runs_lobpcg_and_the_same_shift(monkeypatch):
     E, w, _, solver = spectral_embedding(A, d, 3, backend, np.random.default_rng(0), tol=1e-9)
     assert solver == "lobpcg"
     assert_eigenpairs(E, w, N, d, 3, want_w, atol_w=1e-10, residual=1e-8)
+
+
+def test_each_spectral_start_is_a_converged_kmeans_partition_of_the_embedding(device):
+    """Each of the n_init spectral starts is k-means run to convergence on the embedding E (from the same seed):
+    every point is nearest, in float64, to the centroid of its own cluster (up to rounding-level ties)."""
+    from kkmgpu.methods.graph_spectral import spectral_embedding, starts
+
+    rng = np.random.default_rng(286)
+    A = weighted_graph(rng, [300])
+    d = np.asarray(A.sum(axis=1)).ravel()
+    backend = _backend.resolve_device(device)
+    k = 5
+    E = host(spectral_embedding(*on_device(A, d, backend), k, backend, np.random.default_rng(0))[0])
+    labels, _ = starts("spectral", 3, *on_device(A, d, backend), k, backend, np.random.default_rng(0))
+    assert len(labels) == 3
+    for L in labels:
+        centroids = np.stack([E[L == c].mean(axis=0) for c in range(k)])
+        D = ((E[:, None, :] - centroids[None, :, :]) ** 2).sum(axis=-1)
+        gap = D[np.arange(len(L)), L] - D.min(axis=1)
+        assert np.all(gap <= 1e-9 * D.max(axis=1)), int((gap > 0).sum())
