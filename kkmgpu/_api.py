@@ -116,8 +116,9 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         "precomputed", or a callable ``f(A, B, **kernel_params)`` returning the (len(A), len(B))
         block. See :mod:`kkmgpu.kernels.spec` for formulas and defaults.
     gamma : float or {"scale", "auto", "search"}, optional
-        Kernel coefficient. Default "scale" = 1 / (n_features * X.var()) for rbf, 1 / sqrt(n_features *
-        X.var()) for laplacian (the same rule for its unsquared distance; both independent of X's units),
+        Kernel coefficient. Default "scale" = 1 / (n_features * v) for rbf, 1 / sqrt(n_features * v) for
+        laplacian, v = X.var(axis=0).mean() the mean per-feature variance (the same rule for the
+        laplacian's unsquared distance; both independent of X's units and of per-column offsets),
         "auto" = 1 / n_features for polynomial and sigmoid. The Off-the-grid paper's sigma is 1 / gamma.
         "search" (rbf, method="exact"): :func:`kkmgpu.search_bandwidth` with this call's k, init,
         random_state, sample_weight, max_iter, tol, device and dtype picks the clustering of lowest

@@ -66,13 +66,12 @@ def _resolve_spec(X, kernel, gamma, degree, coef0, kernel_params, dtype, precisi
     if gamma is None and needs_gamma:
         gamma = "scale" if name in ("rbf", "laplacian") else "auto"
     X64 = X.astype(np.float64)
-    mean, var, hi, lo, spread = da.compute(X64.mean(axis=0), X64.var(), X64.max(axis=0), X64.min(axis=0),
-                                           X64.var(axis=0).sum())
+    mean, hi, lo, spread = da.compute(X64.mean(axis=0), X64.max(axis=0), X64.min(axis=0), X64.var(axis=0).sum())
     # CuPy chunks give CuPy results
-    mean, var, hi, lo, spread = (_distributed.host(mean).astype(np.float64), float(_distributed.host(var)), _distributed.host(hi).astype(np.float64),
-                                 _distributed.host(lo).astype(np.float64), float(_distributed.host(spread)))
-    if needs_gamma and gamma == "scale":
-        gamma = _kernel_spec.scale_gamma(name, d, float(var))
+    mean, hi, lo, spread = (_distributed.host(mean).astype(np.float64), _distributed.host(hi).astype(np.float64),
+                            _distributed.host(lo).astype(np.float64), float(_distributed.host(spread)))
+    if needs_gamma and gamma == "scale":  # the mean per-feature variance, as kkmgpu.kernels.spec.feature_variance
+        gamma = _kernel_spec.scale_gamma(name, d, spread / d)
     elif needs_gamma and gamma == "auto":
         gamma = 1.0 / d
     spec = _kernel_spec.resolve_kernel(kernel, gamma=gamma, degree=degree, coef0=coef0, kernel_params=kernel_params,

@@ -34,14 +34,16 @@ KERNELS = ("rbf", "polynomial", "sigmoid", "linear", "laplacian")
 
 
 def default_kernel_params(X, kernel, *, gamma=None, degree=3, coef0=None):
-    """Resolve defaults as the spec states them (gamma "scale" = 1 / (d * X.var()); laplacian 1 / sqrt(d * X.var()))."""
+    """Resolve defaults as the spec states them (gamma "scale" = 1 / (d v); laplacian 1 / sqrt(d v), v the mean over
+    the features of each feature's centred variance)."""
     X = np.asarray(X, dtype=np.float64)
     n_features = X.shape[1]
     if kernel == "linear":
         return {}
     if kernel in ("rbf", "laplacian"):
         if gamma is None or gamma == "scale":  # laplacian: the same rule for the unsquared distance
-            gamma = 1.0 / (n_features * X.var()) if kernel == "rbf" else 1.0 / np.sqrt(n_features * X.var())
+            v = float(np.mean(np.mean((X - X.mean(axis=0)) ** 2, axis=0)))
+            gamma = 1.0 / (n_features * v) if kernel == "rbf" else 1.0 / np.sqrt(n_features * v)
         return {"gamma": float(gamma)}
     if kernel == "polynomial":
         return {

@@ -266,7 +266,7 @@ def test_ctrl_c_in_a_process_exits_130(tmp_path):
 def test_gamma_words(blobs_csv, capsys, word, expected):
     """--gamma takes the words kkmgpu.fit takes: "auto" is 1 / n_features (2 features here)."""
     X = np.loadtxt(blobs_csv, delimiter=",", skiprows=1)
-    expected = expected or 1.0 / (X.shape[1] * X.var())
+    expected = expected or 1.0 / (X.shape[1] * X.var(axis=0).mean())
     assert main(["fit", str(blobs_csv), "-k", "3", "--kernel", "rbf", "--gamma", word, "--device", "cpu",
                  "--seed", "0"]) == 0
     gamma = float(re.search(r"^kernel\s+rbf \(gamma=([0-9.e+-]+)\)$", capsys.readouterr().out, re.MULTILINE)[1])

@@ -159,7 +159,7 @@ def test_repr():
 #: its KMeans). test_integer_weights_equal_repeated_rows shows the equivalence where these causes are absent.
 SEEDING_BY_POSITION = (
     "k-means++ draws its seeds by position (inverse CDF over the cumulative weights), and the check shuffles the "
-    "weighted rows, so the two fits start from different seeds; gamma='scale' also takes X.var() over the rows, "
+    "weighted rows, so the two fits start from different seeds; gamma='scale' also takes the features' variances over the rows, "
     "unweighted, so repeats and zero-weight rows change gamma. With a numeric gamma and the rows in order, "
     "integer weights equal repeated rows.")
 CATS_SAMPLING = (

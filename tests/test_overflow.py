@@ -223,6 +223,42 @@ def test_distance_kernels_are_translation_invariant(device, kernel):
     assert moved.objective == pytest.approx(base.objective, rel=1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["rbf", "laplacian"])
+@pytest.mark.parametrize("method,extra", [("exact", {}), ("exact", {"engine": "tiled"}), ("eigen", {})],
+                         ids=["dense", "tiled", "eigen"])
+def test_default_gamma_is_translation_invariant_per_column(device, kernel, method, extra):
+    """gamma="scale" takes the features' centred variances: offsets of up to 1e9 that differ between columns leave
+    gamma, K and the labels as they are, in float32 (the variance of all entries counted the offsets as spread:
+    gamma near 1e-18, a constant K and random labels)."""
+    rng = np.random.default_rng(21)
+    X, y = _blobs(rng)
+    offsets = np.array([1.7e9, -3e8, 1e9])
+    init = rng.integers(0, 3, len(X))
+    base = _fit(X, 3, kernel=kernel, init=init, dtype="float32", method=method, device=device, **extra)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kkmgpu.UninformativeKernelWarning)
+        moved = _fit(X + offsets, 3, kernel=kernel, init=init, dtype="float32", method=method, device=device,
+                     **extra)
+    expected = reference.default_kernel_params(X, kernel)["gamma"]
+    assert base.kernel_params["gamma"] == pytest.approx(expected, rel=1e-9)
+    # X + offsets in float64 rounds X by up to 1e9 * 2^-53 ~ 1e-7: the same gamma to about that
+    assert moved.kernel_params["gamma"] == pytest.approx(expected, rel=1e-6)
+    np.testing.assert_array_equal(moved.labels, base.labels)
+    if kernel == "rbf":  # (the laplacian kernel's default splits these blobs less cleanly, offsets or not)
+        assert metrics.nmi(y, moved.labels) == pytest.approx(1.0)
+
+
+def test_default_gamma_of_float32_data_with_column_offsets(device):
+    """Data stored in float32 far from the origin (1.7e9 and 3e8 in two columns, groups 14,400 apart): the default
+    gamma comes from the columns' spread, not their offsets, and the groups are found."""
+    X, y = _offset_data(np.random.default_rng(22))
+    X = (X + np.array([0.0, -1.4e9])).astype(np.float32)  # columns near 1.7e9 and 3e8
+    result = _fit(X, 3, device=device, random_state=0)
+    assert result.kernel_params["gamma"] == pytest.approx(reference.default_kernel_params(X, "rbf")["gamma"],
+                                                          rel=1e-9)
+    assert metrics.nmi(y, result.labels) == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize("kernel", ["polynomial", "sigmoid"])
 def test_offset_cancellation_warns_for_kernels_that_are_not_translation_invariant(kernel):
     X, _ = _offset_data(np.random.default_rng(13))
@@ -258,7 +294,7 @@ def test_laplacian_default_gamma_is_scale_invariant(device, factor):
         scaled = _fit(X * factor, 3, kernel="laplacian", init=init, device=device)
     np.testing.assert_array_equal(scaled.labels, base.labels)
     d = X.shape[1]
-    assert scaled.kernel_params["gamma"] == pytest.approx(1 / np.sqrt(d * (X * factor).var()), rel=1e-9)
+    assert scaled.kernel_params["gamma"] == pytest.approx(1 / np.sqrt(d * (X * factor).var(axis=0).mean()), rel=1e-9)
     K64 = reference.kernel_matrix(X, kernel="laplacian", gamma=base.kernel_params["gamma"])
     off = K64[~np.eye(len(X), dtype=bool)]
     assert 0.01 < np.median(off) < 0.9  # values of order exp(-sqrt 2), neither 0 nor 1

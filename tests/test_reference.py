@@ -43,7 +43,10 @@ def test_laplacian_uses_l2_norm(data):
 
 def test_default_params(data):
     X, _ = data
-    assert default_kernel_params(X, "rbf")["gamma"] == pytest.approx(1.0 / (4 * X.var()))
+    assert default_kernel_params(X, "rbf")["gamma"] == pytest.approx(1.0 / (4 * X.var(axis=0).mean()))
+    # translation invariant, per column: X + c gives the same gamma for any offsets c
+    c = np.array([1.7e3, -3e2, 0.0, 5e1])
+    assert default_kernel_params(X + c, "rbf")["gamma"] == pytest.approx(default_kernel_params(X, "rbf")["gamma"])
     assert default_kernel_params(X, "polynomial") == {"gamma": 0.25, "degree": 3, "coef0": 1.0}
     assert default_kernel_params(X, "sigmoid") == {"gamma": 0.25, "coef0": 1.0}
 

@@ -101,7 +101,7 @@ def _build_parser():
                      help="number of clusters")
     fit.add_argument("--kernel", choices=KERNELS, default="rbf", help="kernel function (default: rbf)")
     fit.add_argument("--gamma", type=float_or_scale, default=None, metavar="G",
-                     help='kernel width/scale: a float > 0, "scale" (1 / (n_features * X.var()), the default of rbf '
+                     help='kernel width/scale: a float > 0, "scale" (1 / (n_features * X.var(axis=0).mean()), the default of rbf '
                           'and laplacian), "auto" (1 / n_features, the default of polynomial and sigmoid), or '
                           '"search" (rbf: the Off-the-grid bandwidth search picks it, from the same --init, '
                           '--dtype and --seed as the fit). Default: the kernel\'s default')

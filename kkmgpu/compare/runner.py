@@ -198,7 +198,7 @@ def run_comparison(*, dataset_names=None, method_names=None, scenarios=True, qui
         "load_average_end": _load_average(),
         "config": {
             "datasets": names, "methods": {m.name: m.description for m in every},
-            "gamma_rule": "gamma = 1 / (n_features * X.var()) (scikit-learn's 'scale'), shared by every rbf method",
+            "gamma_rule": "gamma = 1 / (n_features * X.var(axis=0).mean()) (kkmgpu's 'scale'), shared by every rbf method",
             "n_init": N_INIT, "device": backend.name, "quick": quick, "scenarios": scenario_config,
             "timing": "wall time of the fit call (kernel build, eigendecomposition, iterations); after a warm-up "
                       "fit of every kkmgpu method (numba compilation excluded)",

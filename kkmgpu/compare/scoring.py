@@ -74,6 +74,8 @@ def evaluate(X, y, labels, *, K=None, device="auto"):
 
 
 def shared_gamma(X) -> float:
-    """scikit-learn's and kkmgpu's gamma="scale": 1 / (n_features * X.var())."""
-    var = float(np.var(X))
-    return 1.0 / (X.shape[1] * var) if var > 0 else 1.0
+    """kkmgpu's gamma="scale" for rbf: 1 / (n_features * v), v the mean per-feature centred variance
+    (:func:`kkmgpu.kernels.spec.feature_variance`; scikit-learn's SVC rule uses X.var() instead, the same
+    when the columns' means are equal)."""
+    from ..kernels.spec import feature_variance, scale_gamma
+    return scale_gamma("rbf", X.shape[1], feature_variance(np.asarray(X), np))

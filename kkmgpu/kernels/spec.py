@@ -5,12 +5,12 @@ Built-in kernels (x, y rows of X, <.,.> the dot product):
 =============  ====================================  ===================================================
 name           k(x, y)                               defaults
 =============  ====================================  ===================================================
-"rbf"          exp(-gamma ||x - y||^2)               gamma="scale" = 1 / (n_features * X.var())
+"rbf"          exp(-gamma ||x - y||^2)               gamma="scale" = 1 / (n_features * v), v below
 "polynomial"   (gamma <x, y> + coef0) ** degree      gamma = 1 / n_features, coef0 = 1, degree = 3
 "sigmoid"      tanh(gamma <x, y> + coef0)            gamma = 1 / n_features, coef0 = 1 (the papers'
                                                      "neural" kernel tanh(a x.y + b); not PSD)
 "linear"       <x, y>                                (plain k-means)
-"laplacian"    exp(-gamma ||x - y||_2)               gamma="scale" = 1 / sqrt(n_features * X.var()).
+"laplacian"    exp(-gamma ||x - y||_2)               gamma="scale" = 1 / sqrt(n_features * v).
                                                      Note: the Euclidean norm, not scikit-learn's L1
                                                      ``laplacian_kernel``
 "precomputed"  X is the kernel matrix itself
@@ -19,11 +19,16 @@ callable       f(A, B, **kernel_params) -> block     called on arrays of the dev
 
 Aliases: "poly" -> "polynomial", "neural" and "tanh" -> "sigmoid", "gaussian" -> "rbf".
 The Off-the-grid paper writes the RBF kernel as exp(-||x - y||^2 / sigma): gamma = 1 / sigma.
-``gamma="scale"`` is scikit-learn's SVC heuristic; it makes gamma * E||x - y||^2 = 2 for
-independent features, so kernel values are of order exp(-2) rather than 0 or 1. The laplacian's
-"scale" is the same rule for its unsquared distance: gamma * sqrt(E||x - y||^2) = sqrt(2), kernel
-values of order exp(-sqrt(2)). Both are scale-invariant: multiplying X by c divides gamma by c^2
-(rbf) or c (laplacian) and leaves K unchanged.
+``gamma="scale"`` takes v = X.var(axis=0).mean(), the mean of the per-feature centred variances
+(in float64): gamma * E||x - y||^2 = 2 for independent points, so kernel values are of order
+exp(-2) rather than 0 or 1. The laplacian's "scale" is the same rule for its unsquared distance:
+gamma * sqrt(E||x - y||^2) = sqrt(2), kernel values of order exp(-sqrt(2)). Both are
+scale-invariant (multiplying X by c divides gamma by c^2 (rbf) or c (laplacian) and leaves K
+unchanged) and, like the kernels themselves, translation-invariant: X + c, for any per-column
+offset c, gives the same gamma. scikit-learn's SVC rule 1 / (n_features * X.var()) uses the
+variance of all of X's entries, so per-column offsets count as spread there (columns offset by
+1e9 and 3e8 give a gamma near 1e-18 and a numerically constant K); on data whose columns have
+equal means the two rules agree.
 
 Numerical range. The linear, rbf and laplacian kernels are translation invariant, so their
 features are centred on the data's mean (``KernelSpec.center``) before any product: a large offset
@@ -201,8 +206,7 @@ def _resolve(kernel, gamma, degree, coef0, kernel_params, X, xp) -> KernelSpec:
         gamma = "scale" if name in DISTANCE_KERNELS else "auto"
     if isinstance(gamma, str):
         if gamma == "scale":
-            var = float(xp.var(X.astype(xp.float64, copy=False))) if X.size else 0.0
-            gamma_value = scale_gamma(name, n_features, var)
+            gamma_value = scale_gamma(name, n_features, feature_variance(X, xp))
         elif gamma == "auto":
             gamma_value = 1.0 / n_features
         else:
@@ -224,8 +228,17 @@ def _resolve(kernel, gamma, degree, coef0, kernel_params, X, xp) -> KernelSpec:
     return KernelSpec(name, gamma=gamma_value, degree=degree_value, coef0=coef0_value)
 
 
+def feature_variance(X, xp) -> float:
+    """The mean of X's per-feature centred variances, in float64 (``gamma="scale"``'s v): unchanged by any
+    per-column offset, unlike the variance of all of X's entries. 0 for empty X."""
+    if not X.size:
+        return 0.0
+    return float(xp.var(X.astype(xp.float64, copy=False), axis=0).mean())
+
+
 def scale_gamma(name: str, n_features: int, var: float) -> float:
-    """gamma="scale" for ``name`` from the number of features and the variance of all of X's values.
+    """gamma="scale" for ``name`` from the number of features and the mean per-feature variance
+    (:func:`feature_variance`).
 
     rbf: 1 / (d var), so gamma E||x - y||^2 = 2 for independent features (scikit-learn's SVC rule);
     laplacian: 1 / sqrt(d var), the same rule for the unsquared distance (gamma sqrt(E||x - y||^2) =
