@@ -310,3 +310,172 @@ def test_bad_precomputed_affinities():
     lonely[0, :] = lonely[:, 0] = 0.0
     with pytest.raises(ValueError, match="1 point\\(s\\) have no edge"):
         kkmgpu.fit(lonely, 2, objective="ncut", affinity="precomputed", device="cpu")
+
+
+# --- survivors of mutation run 6 (docs/mutation-testing.md): _check_affinity_matrix, _warn_without_effect, fit,
+# graph_objective and _say_again ---------------------------------------------------------------------------------
+
+def test_an_affinity_in_float32_is_taken_in_float64(device, rng):
+    """A precomputed affinity of float32 weights, dense or sparse, gives the fit of the same values in float64: the
+    degrees (result.sample_weight) are their float64 row sums, the reported cut that of the float64 matrix."""
+    X, _ = blobs(120, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    A, _ = dense_knn(X, 8)
+    W = np.triu(rng.uniform(0.1, 1.0, size=A.shape), 1)
+    A = (A * (W + W.T)).astype(np.float32)
+    A64 = A.astype(np.float64)
+    d = A64.sum(axis=1)
+    want = kkmgpu.fit(A64, 3, objective="ncut", affinity="precomputed", device=device, dtype="float64",
+                      random_state=0)
+    for given in (A, sp.csr_matrix(A)):
+        result = kkmgpu.fit(given, 3, objective="ncut", affinity="precomputed", device=device, dtype="float64",
+                            random_state=0)
+        np.testing.assert_array_equal(result.labels, want.labels)
+        np.testing.assert_allclose(result.sample_weight, d, rtol=1e-14)
+        labels = np.asarray(result.labels)
+        assert result.objective == pytest.approx(reference_ncut(A64, labels, 3), rel=1e-13, abs=1e-15)
+
+
+def test_bad_precomputed_affinities_name_the_rule():
+    """A sparse affinity is checked as a dense one: square, finite, >= 0, symmetric; each message says which."""
+    A = sp.csr_matrix(np.ones((6, 6)) - np.eye(6))
+
+    def fails(given, match):
+        with pytest.raises(ValueError, match=match):
+            kkmgpu.fit(given, 2, objective="ncut", affinity="precomputed", device="cpu")
+
+    fails(sp.csr_matrix(np.ones((5, 6))), r"affinity='precomputed' needs a square matrix; got shape \(5, 6\)")
+    for value in (np.inf, np.nan):
+        bad = A.copy()
+        bad.data[0] = value
+        fails(bad, "the affinity matrix has non-finite entries; every entry must be finite")
+    bad = A.toarray()
+    bad[0, 1] = bad[1, 0] = -0.5
+    fails(sp.csr_matrix(bad), r"negative entry \(-0\.5\); affinities must be >= 0")
+    bad[0, 1] = bad[1, 0] = 1.0
+    bad[0, 2] = 3.0
+    for given in (bad, sp.csr_matrix(bad)):
+        fails(given, "the affinity matrix is not a symmetric")
+
+
+@pytest.mark.parametrize("objective", ["ncut", "ratio_association"])
+def test_graph_objective_of_labels_with_empty_and_singleton_clusters(device, objective, rng):
+    """graph_objective (the reported objective, and KernelKMeans.score's on the rows scored) equals the float64
+    reference where clusters are empty (the first, a middle and the last label unused), a singleton, or of total
+    degree below 1 (small weights): empty clusters add 0."""
+    from kkmgpu.backend.device import resolve_device
+    from kkmgpu.engine.sparse import to_backend_csr
+    from kkmgpu.methods.graphcut import degrees, graph_objective
+
+    backend = resolve_device(device)
+    n, k = 40, 7
+    A = rng.uniform(0.0, 1e-3, size=(n, n)) * (rng.random((n, n)) < 0.3)
+    A = A + A.T + np.diag(rng.uniform(1e-4, 1e-3, size=n))  # self loops: a singleton's links(c, c) > 0
+    labels = rng.choice([1, 3, 5], size=n)
+    labels[7] = 4                                            # a singleton; 0, 2 and 6 stay empty
+    Ad = to_backend_csr(sp.csr_matrix(A), backend, np.float64)
+    value = graph_objective(Ad, degrees(Ad, backend), backend.asarray(labels), k, objective, backend)
+    want = reference_ncut(A, labels, k) if objective == "ncut" else -reference_ratio_association(A, labels, k)
+    assert value == pytest.approx(want, rel=1e-12)
+
+
+def test_explicit_gemm_precision_warns_only_where_it_has_no_effect(device, rng, monkeypatch):
+    """The warning's presence, category and reason (its attribution is test_fit_records_the_gemm_precision_...'s):
+    tf32 on 32 float32 features runs on a GPU and warns on the CPU; fp32 on float32 features runs everywhere; a
+    precomputed affinity, dense or sparse, has no products to run. method_params["gemm_mode"] is the mode the
+    neighbour search ran (device="cpu" stays on the CPU where a GPU is usable)."""
+    from kkmgpu.kernels import knn_exact
+
+    ran, search = [], knn_exact.search
+
+    def spy(*args, report=None, **kwargs):
+        report = {} if report is None else report
+        out = search(*args, report=report, **kwargs)
+        ran.append(report["mode"])
+        return out
+
+    monkeypatch.setattr(knn_exact, "search", spy)
+    X, _ = blobs(120, 32, 2, int(rng.integers(1 << 30)), spread=3.0)
+    gpu = device == "cuda"
+
+    def said(data=X, **kwargs):
+        ran.clear()
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            result = kkmgpu.fit(data, 2, objective="ncut", device=device, random_state=0, **kwargs)
+        mine = [w for w in record if "gemm_precision" in str(w.message)]
+        assert all(w.category is UserWarning for w in mine)
+        return result.method_params, ran[:], [str(w.message) for w in mine]
+
+    params, searched, messages = said(gemm_precision="tf32")
+    assert params["gemm_mode"] == ("tf32" if gpu else "fp32") and searched == [params["gemm_mode"]]
+    assert messages == ([] if gpu else ["gemm_precision='tf32' has no effect: the CPU computes IEEE float32 GEMMs; "
+                                        "the modes apply to NVIDIA GPUs with tensor cores (Ampere or newer)."])
+    params, searched, messages = said(gemm_precision="fp32")
+    assert params["gemm_mode"] == "fp32" and searched == ["fp32"] and messages == []
+    A = dense_knn(X, 10)[0]
+    for given in (A, sp.csr_matrix(A)):
+        params, searched, messages = said(given, affinity="precomputed", gemm_precision="fp32")
+        assert params["gemm_mode"] is None and searched == []
+        assert messages == ["gemm_precision='fp32' has no effect: affinity='precomputed' has no kernel products of "
+                            "features."]
+
+
+def _warned(record, fragment):
+    return [w for w in record if fragment in str(w.message)]
+
+
+@pytest.mark.parametrize("objective", ["ncut", "ratio_association"])
+def test_refinement_warnings_are_said_once_each(device, objective):
+    """Ten starts that each stop at max_iter=1 or hold fewer distinct clusters than k: each warning once, a
+    ConvergenceWarning with its own text. Three blocks of identical rows (a precomputed affinity, graph_shift=0:
+    the points of a block coincide in the graph kernel's feature space) for k=4: 3 distinct clusters, said by
+    the refinement; 40 identical points for k=3: 1, said from X (kkmgpu._degenerate) in place of the refinement."""
+    cases = [(np.kron(np.eye(3), np.ones((10, 10))), 4, dict(affinity="precomputed"), 3),
+             (np.ones((40, 2)), 3, {}, 1)]
+    for X, k, kwargs, distinct in cases:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            kkmgpu.fit(X, k, objective=objective, graph_shift=0.0, n_init=10, max_iter=1, device=device,
+                       random_state=0, **kwargs)
+        stopped, few = _warned(record, "did not converge"), _warned(record, "distinct clusters")
+        assert len(stopped) == 1 and len(few) == 1, [str(w.message) for w in record]
+        assert str(stopped[0].message).startswith("kernel k-means did not converge in max_iter=1 iterations")
+        assert str(few[0].message).startswith(f"Number of distinct clusters ({distinct}) found smaller than "
+                                              f"n_clusters ({k})")
+        assert stopped[0].category is few[0].category is kkmgpu.ConvergenceWarning
+
+
+def test_ncut_shift_is_unitless_and_reported_as_used(device, rng):
+    """The normalized cut's sigma has no units (K = sigma D^-1 + D^-1 A D^-1 scales with A as a whole), so A * s
+    with graph_shift=0.5 runs the Lloyd steps of A's kernel with sigma 0.5 for s = 1, 2**-20, 1e30, and
+    method_params reports 0.5; graph_shift="auto" reports -1.01 lambda_min(D^-1/2 A D^-1/2) (docs/graphs.md)."""
+    X, _ = blobs(100, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    A, _ = dense_knn(X, 7)
+    init = random_partition(100, 3, int(rng.integers(1 << 30)))
+    K, w = graph_kernel(A, "ncut", 0.5)
+    ref = reference_kernel_kmeans(K, init, 3, sample_weight=w)
+    for scale in (1.0, 2.0 ** -20, 1e30):
+        result = kkmgpu.fit(A * scale, 3, objective="ncut", affinity="precomputed", graph_shift=0.5, init=init,
+                            device=device, dtype="float64", tol=0)
+        assert result.method_params["graph_shift"] == 0.5
+        np.testing.assert_array_equal(result.labels, ref.labels)
+        assert result.n_iter == ref.n_iter
+    auto = kkmgpu.fit(A, 3, objective="ncut", affinity="precomputed", device=device, random_state=0)
+    d = A.sum(axis=1)
+    lam = np.linalg.eigvalsh(A / np.sqrt(np.outer(d, d)))[0]
+    assert auto.method_params["graph_shift"] == pytest.approx(-1.01 * lam, rel=1e-5)
+
+
+def test_float32_features_near_their_largest_value_and_predict_on_them(device, rng):
+    """float32 X * 2**120 (entries near 1e37: their float32 sum is infinite, the float64 mean is not) gives X's
+    labels, and new points, nearer the mean than any training point is far from it (their own power-of-two scale
+    is another), are placed as X's fit places them: they are prepared with the training's scale."""
+    X, _ = blobs(300, 3, 3, int(rng.integers(1 << 30)), spread=2.0)
+    X = (X - X.min(axis=0) + 1.0).astype(np.float32)
+    s = np.float32(2.0 ** 120)
+    base = kkmgpu.fit(X, 3, objective="ncut", device=device, random_state=0)
+    result = kkmgpu.fit(X * s, 3, objective="ncut", device=device, random_state=0)
+    np.testing.assert_array_equal(result.labels, base.labels)
+    center = X.mean(axis=0)
+    X_new = (center + 0.1 * (X[:40] - center)).astype(np.float32)
+    np.testing.assert_array_equal(kkmgpu.predict(result, X_new * s), kkmgpu.predict(base, X_new))

@@ -278,7 +278,7 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
                    "iterations": float(sum(r.timings.get("iterations", 0.0) for r in runs)), "total": t_end - t_start}
         mode = None if features is None else _gemm.effective_mode(gemm_precision, backend, features.dtype,
                                                                   shape=(n, n, features.shape[1]))  # the search's
-        unit = 1 if objective == "ncut" else exponent  # objectives and shift back in A's units (exact: 2**e)
+        unit = 0 if objective == "ncut" else exponent  # objectives and shift back in A's units (exact: 2**e)
         params = {"objective": objective, "affinity": affinity, "graph_shift": math.ldexp(shift, unit),
                   "nnz": int(A.nnz), "init": init if isinstance(init, str) else "array",
                   "gemm_precision": gemm_precision, "gemm_mode": mode, **spectral}
