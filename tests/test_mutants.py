@@ -476,8 +476,8 @@ def test_arpack_top_counts_its_products_honours_tol_and_gives_up_at_maxiter():
 @pytest.mark.parametrize("objective", ["ncut", "ratio_association"])
 def test_psd_shift_is_minus_the_smallest_eigenvalue_plus_one_percent(device, objective, n):
     """graph_shift="auto"'s sigma = 1.01 max(0, -lambda_min) of D^-1/2 A D^-1/2 (ncut) or of A (ratio
-    association), float64 eigvalsh as the reference; n = 2 (the dense route), 3 and 300 (Lanczos). (Called
-    directly: fit reports twice sigma for the normalized cut, a bug of graphcut.fit reported separately.)"""
+    association), float64 eigvalsh as the reference; n = 2 (the dense route), 3 and 300 (Lanczos); and what fit
+    reports (in A's units for the ratio association; the cut's sigma has none)."""
     import scipy.sparse as sp
 
     from kkmgpu.methods.graph_spectral import psd_shift
@@ -495,7 +495,7 @@ def test_psd_shift_is_minus_the_smallest_eigenvalue_plus_one_percent(device, obj
     backend = _backend.resolve_device(device)
     shift = psd_shift(*on_device(A, d, backend), objective, backend, np.random.default_rng(0))
     assert shift == pytest.approx(want, rel=1e-6, abs=0)
-    if objective == "ratio_association" and n > 2:  # and what fit reports, in A's units
+    if n == 300:
         result = quiet_fit(dense, 2, objective=objective, affinity="precomputed", device=device, dtype="float64",
                            random_state=0)
         assert result.method_params["graph_shift"] == pytest.approx(want, rel=1e-6, abs=0)
