@@ -253,3 +253,221 @@ def test_too_few_points_for_self_tuning_say_what_it_needs(n):
     assert "scale_neighbor" not in str(caught.value)
     remedy = kkmgpu.fit(X, 2, objective="ncut", affinity="knn", n_neighbors=3, device="cpu", random_state=0)
     assert np.unique(remedy.labels).size == 2
+
+
+# --- predict's assignment rule, the neighbour search and the reported cut (mutants of graphcut.py that survived) --
+
+def _reference_affinities(X, Q, n_neighbors, affinity, scale_neighbor=7):
+    """float64 reference of the training graph A (n, n) and of the new points' rows W (m, n), as docs/graphs.md
+    ("Predicting new points") defines them: j is a neighbour of q when among q's n_neighbors nearest training
+    points, q one of j's when nearer than j's n_neighbors-th neighbour; self_tuning's scale is the 7th distance."""
+    D = cdist(X, X, "sqeuclidean")
+    np.fill_diagonal(D, np.inf)
+    order = np.argsort(D, axis=1, kind="stable")
+    n = X.shape[0]
+    G = np.zeros((n, n), dtype=bool)
+    G[np.repeat(np.arange(n), n_neighbors), order[:, :n_neighbors].ravel()] = True
+    radius = D[np.arange(n), order[:, n_neighbors - 1]]
+    Dq = cdist(Q, X, "sqeuclidean")
+    own = Dq <= np.sort(Dq, axis=1)[:, n_neighbors - 1:n_neighbors]
+    other = Dq < radius[None, :]
+    if affinity == "knn":
+        return 0.5 * (G.astype(float) + G.T), 0.5 * own + 0.5 * other
+    if affinity == "mutual_knn":
+        return (G & G.T).astype(float), (own & other).astype(float)
+    sigma = np.sqrt(D[np.arange(n), order[:, scale_neighbor - 1]])
+    sigma_q = np.sqrt(np.sort(Dq, axis=1)[:, scale_neighbor - 1])
+    A = np.where(G | G.T, np.exp(-D / np.outer(sigma, sigma)), 0.0)
+    return A, np.where(own | other, np.exp(-Dq / np.outer(sigma_q, sigma)), 0.0)
+
+
+def _reference_scores(A, W, labels, k, objective, shift):
+    """The fit's rule in A's units: C_c / n_c^2 - 2 links(x, c) / (d_x n_c) with C_c = links(c, c) + shift n_c and
+    n_c = d(c) (ncut: K = shift D^-1 + D^-1 A D^-1, weights d), or / n_c with n_c = |c| (ratio: K = shift I + A)."""
+    d, dx = A.sum(axis=1), W.sum(axis=1)
+    score = np.full((W.shape[0], k), np.inf)
+    for c in range(k):
+        members = labels == c
+        size = d[members].sum() if objective == "ncut" else members.sum()
+        links = W[:, members].sum(axis=1) / (np.where(dx > 0, dx, 1.0) if objective == "ncut" else 1.0)
+        score[:, c] = (A[np.ix_(members, members)].sum() + shift * size) / size ** 2 - 2.0 * links / size
+    return score
+
+
+@pytest.mark.parametrize("device, affinity, objective", [
+    ("cpu", "knn", "ncut"), ("cpu", "mutual_knn", "ncut"), ("cpu", "mutual_knn", "ratio_association"),
+    ("cpu", "self_tuning", "ncut"), ("cpu", "self_tuning", "ratio_association"),
+    pytest.param("cuda", "mutual_knn", "ncut", marks=pytest.mark.gpu),
+    pytest.param("cuda", "self_tuning", "ratio_association", marks=pytest.mark.gpu)])
+def test_predict_of_new_points_between_clusters_follows_the_fits_rule(device, affinity, objective):
+    """New points in and far around three unequal overlapping blobs (where the rule, not the nearest point, decides):
+    argmin_c C_c / n_c^2 - 2 links(x, c) / (d_x n_c) (ncut) or - 2 links(x, c) / |c| (ratio association), from a
+    float64 reference of the graph, of the new points' affinities and of K with the given shift; a point without
+    an edge (mutual kNN) takes its nearest training point's cluster. self_tuning's A has its largest entry below 1
+    (the fit divides it by 2**-1). int32 labels, and no warning (no 0 / 0 for the points without an edge)."""
+    device = _use(device)
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(c, 1.0, size=(s, 2)) for c, s in zip([(0, 0), (4, 0), (2, 3.5)], (40, 80, 120))])
+    Q = rng.uniform(-8, 12, size=(300, 2))
+    result = kkmgpu.fit(X, 3, objective=objective, affinity=affinity, n_neighbors=8, graph_shift=0.5, device=device,
+                        dtype="float64", random_state=0, n_init=2)
+    labels = _host(result.labels)
+    A, W = _reference_affinities(X, Q, 8, affinity)
+    score = _reference_scores(A, W, labels, 3, objective, 0.5)
+    nearest = np.argmin(cdist(Q, X, "sqeuclidean"), axis=1)
+    expected = np.where(W.sum(axis=1) > 0, np.argmin(score, axis=1), labels[nearest])
+    top = np.sort(score, axis=1)
+    assert np.all(top[:, 1] - top[:, 0] > 1e-6 * np.abs(top[:, :2]).max(axis=1)), "a near tie: not a fair case"
+    assert np.sum(expected != labels[nearest]) >= 2  # the case is one: the rule is not the nearest point's label
+    if affinity == "mutual_knn":
+        alone = W.sum(axis=1) == 0
+        assert np.any(alone & (np.argmin(score, axis=1) != labels[nearest]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = kkmgpu.predict(result, Q)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_predict_of_training_points_among_new_ones_gives_their_labels():
+    """A training point keeps its label also when queried beside new points (the rule gives 4 of these 250
+    overlapping blob points another cluster, as X + 1e-9 shows); the new points get the rule's labels."""
+    X, _ = make_blobs(250, centers=3, cluster_std=2.5, random_state=2)
+    result = kkmgpu.fit(X, 3, objective="ncut", device="cpu", dtype="float64", random_state=0, n_init=2)
+    moved = kkmgpu.predict(result, X + 1e-9)
+    assert np.any(moved != result.labels)  # the case is one
+    both = kkmgpu.predict(result, np.vstack([X, X + 1e-9]))
+    np.testing.assert_array_equal(both[:250], result.labels)
+    np.testing.assert_array_equal(both[250:], moved)
+
+
+def test_predict_names_x_new_in_its_errors():
+    X, _ = make_blobs(60, centers=2, random_state=3)
+    result = kkmgpu.fit(X, 2, objective="ncut", device="cpu", random_state=0, n_init=1)
+    with pytest.raises(ValueError, match="X_new contains NaN or infinity"):
+        kkmgpu.predict(result, [[np.nan, 0.0]])
+    with pytest.raises(ValueError, match="X_new has 3 features but the model was fit on 2"):
+        kkmgpu.predict(result, np.ones((4, 3)))
+
+
+def test_a_positive_normalized_cut_is_reported_as_it_is():
+    """Overlapping blobs: 0 < ncut < 1. The reported objective is the float64 cut of the labels, a float; the
+    history ends at it and every restart's value is a cut (> 0 here): only values in [-bound, 0) are rounding."""
+    X, _ = make_blobs(150, centers=3, cluster_std=2.0, random_state=5)
+    result = kkmgpu.fit(X, 3, objective="ncut", device="cpu", random_state=0, n_init=3)
+    A = knn_affinity(X, 10)
+    labels = result.labels
+    cut = sum(A[np.ix_(labels == c, labels != c)].sum() / A[labels == c].sum() for c in range(3))
+    assert 0 < cut < 1
+    assert type(result.objective) is float and result.objective == pytest.approx(cut, rel=1e-9)
+    assert result.objective_history[-1] == pytest.approx(cut, rel=1e-4)
+    assert np.all(result.objectives > 0) and np.min(result.objectives) == pytest.approx(cut, rel=1e-4)
+
+
+@pytest.mark.parametrize("n", [3, 4, 7, 8])
+def test_neighbour_search_fits_the_grid_below_n_from_one_neighbour_search(n, monkeypatch, capsys):
+    """n_neighbors="search" fits each of 5, 7, 10, 15, 20, 30, 50 up to n - 1 (n - 1 alone for 3 to 6 points),
+    with the neighbours searched once, for the largest value; verbose says each value's c-NNC;
+    timings["n_neighbors_search"] spans the whole search, every fit's timings["total"] within it."""
+    from kkmgpu.kernels import graphs
+    import time
+
+    searched, search = [], graphs.nearest_neighbors
+    monkeypatch.setattr(graphs, "nearest_neighbors",
+                        lambda A, m, *args, **kwargs: searched.append(m) or search(A, m, *args, **kwargs))
+    X = np.random.default_rng(n).normal(size=(n, 2))
+    start = time.perf_counter()
+    result = kkmgpu.fit(X, 2, objective="ncut", n_neighbors="search", device="cpu", random_state=0, n_init=1,
+                        verbose=True)
+    wall = time.perf_counter() - start
+    rows = result.method_params["n_neighbors_search"]
+    grid = [v for v in (5, 7, 10, 15, 20, 30, 50) if v <= n - 1] or [n - 1]
+    assert [row[0] for row in rows] == grid
+    assert searched == [grid[-1]]
+    said = [line for line in capsys.readouterr().out.splitlines() if "c-NNC" in line]
+    assert len(said) == len(grid) and all(f"n_neighbors={row[0]}:" in line for line, row in zip(said, rows))
+    assert result.timings["total"] <= result.timings["n_neighbors_search"] <= wall
+
+
+def test_neighbour_search_needs_three_points():
+    with pytest.raises(ValueError, match="n_neighbors='search' needs at least 3 samples; got 2"):
+        kkmgpu.fit(np.eye(2), 2, objective="ncut", n_neighbors="search", device="cpu")
+
+
+@pytest.mark.parametrize("device", CPU_AND_GPU)
+def test_neighbour_search_runs_on_the_fits_features_on_the_device_asked_and_repeats(device):
+    """A 3 x 4 lattice jittered by 1e-9: the float32 features (the default dtype) tie, and take the lower index,
+    where float64 ones do not, so their graphs differ. The search's result, on the device asked (a CuPy input with
+    device="auto" on a GPU), reports the normalized cut of its labels on the kNN graph of the float32 features
+    (float64 distances of their values) for its n_neighbors; the same seed gives the same search, another seed
+    another one (random starts)."""
+    from kkmgpu.backend.device import resolve_device
+
+    device = _use(device)
+    rng = np.random.default_rng(1)
+    X = np.stack(np.meshgrid(np.arange(3.0), np.arange(4.0)), -1).reshape(-1, 2)[rng.permutation(12)]
+    X += 1e-9 * rng.normal(size=X.shape)
+    data = X if device == "cpu" else resolve_device("cuda").asarray(X)
+    runs = [kkmgpu.fit(data, 2, objective="ncut", n_neighbors="search", device="cpu" if device == "cpu" else "auto",
+                       random_state=seed, init="random", n_init=1) for seed in (0, 0, 1)]
+    assert runs[0].device.startswith(device)
+    rows = [run.method_params["n_neighbors_search"] for run in runs]
+    assert rows[1] == rows[0] != rows[2]
+    np.testing.assert_array_equal(_host(runs[1].labels), _host(runs[0].labels))
+    value, labels = runs[0].method_params["n_neighbors"], _host(runs[0].labels)
+    A = knn_affinity((X - X.mean(axis=0)).astype(np.float32).astype(np.float64), value)
+    assert np.any(knn_affinity(X, value) != A)  # the case is one
+    cut = sum(A[np.ix_(labels == c, labels != c)].sum() / A[labels == c].sum() for c in range(2))
+    assert runs[0].objective == pytest.approx(cut, rel=1e-9)
+
+
+def test_predict_into_a_cluster_of_one_point_of_small_degree():
+    """A start with a far point alone in its cluster keeps it there (its own distance is 0). Its self_tuning
+    degree is about 0.01, below the fit's weight scale and below 1: new points between it and the blobs follow the
+    same rule as any (the float64 reference), and most of them join it."""
+    X, y = make_blobs(80, centers=[(0, 0), (6, 0)], cluster_std=1.0, random_state=0)
+    X, y = np.vstack([X, [[3.0, 12.0]]]), np.append(y, 2)
+    Q = np.random.default_rng(0).uniform((-2, 2), (8, 14), size=(200, 2))
+    result = kkmgpu.fit(X, 3, objective="ncut", affinity="self_tuning", init=y, graph_shift=0.5, device="cpu",
+                        dtype="float64", random_state=0)
+    np.testing.assert_array_equal(result.labels, y)
+    A, W = _reference_affinities(X, Q, 10, "self_tuning")
+    assert A[80].sum() < 0.1 and np.all(W.sum(axis=1) > 0)
+    expected = np.argmin(_reference_scores(A, W, y, 3, "ncut", 0.5), axis=1)
+    assert np.sum(expected == 2) > 100
+    np.testing.assert_array_equal(kkmgpu.predict(result, Q), expected)
+
+
+def test_predict_prepares_new_points_with_the_fits_power_of_two():
+    """X * 1e40 and X * 1e-45 are divided by the fit's power of two; new points of a smaller extent (which would
+    have another one of their own) take it too, and get the labels that the fit of X gives them."""
+    X, _ = make_blobs(100, centers=3, cluster_std=1.5, random_state=2)
+    Q = X.mean(axis=0) + np.random.default_rng(2).uniform(-1, 1, size=(30, 2))
+    base = kkmgpu.fit(X, 3, objective="ncut", device="cpu", random_state=0, n_init=3)
+    want = kkmgpu.predict(base, Q)
+    for scale in (1e40, 1e-45):
+        result = kkmgpu.fit(X * scale, 3, objective="ncut", device="cpu", random_state=0, n_init=3)
+        np.testing.assert_array_equal(result.labels, base.labels)
+        np.testing.assert_array_equal(kkmgpu.predict(result, Q * scale), want)
+
+
+@pytest.mark.gpu
+def test_neighbour_search_runs_in_the_gemm_precision_asked(monkeypatch):
+    """n_neighbors="search" searches the neighbours once, in the GEMM precision mode asked (tf32 here, float32
+    features of 32 columns on a GPU), and method_params["gemm_mode"] is the mode it ran in."""
+    from kkmgpu.kernels import knn_exact
+
+    _use("cuda")
+    ran, search = [], knn_exact.search
+
+    def spy(*args, report=None, **kwargs):
+        report = {} if report is None else report
+        out = search(*args, report=report, **kwargs)
+        ran.append(report["mode"])
+        return out
+
+    monkeypatch.setattr(knn_exact, "search", spy)
+    X = np.random.default_rng(0).normal(size=(40, 32))
+    result = kkmgpu.fit(X, 2, objective="ncut", n_neighbors="search", device="cuda", gemm_precision="tf32",
+                        random_state=0, n_init=1)
+    assert ran == ["tf32"] and result.method_params["gemm_mode"] == "tf32"
