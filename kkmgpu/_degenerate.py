@@ -45,7 +45,9 @@ def warn_fewer_distinct(X, labels, weights_h, k, backend, given):
     np.add.at(mass, (labels_h[kept], point[kept]), weights_h[keep][kept])
     sizes = mass.sum(axis=1)
     shares = mass[sizes > 0] / sizes[sizes > 0, None]
-    _warn.fewer_distinct(np.unique(np.round(shares, 12), axis=0).shape[0], k, ConvergenceWarning)
+    distinct = np.unique(np.round(shares, 12), axis=0).shape[0]
+    if distinct < k:  # k clusters of distinct mixtures of fewer points (a graph's kernel) have distinct centres
+        _warn.fewer_distinct(distinct, k, ConvergenceWarning)
 
 
 def clamp_rounding(result, X, spec, weights_h, backend, dt, precomputed):

@@ -206,3 +206,21 @@ def _assert_attributed_here(call, X, backend, category, text):
     given = [w for w in caught if issubclass(w.category, category) and text in str(w.message)]
     assert given, [str(w.message) for w in caught]
     assert [w.filename for w in given] == [__file__] * len(given)
+
+
+def test_fewer_distinct_points_than_k_warns_only_with_a_count_below_k():
+    """3 distinct points, k = 5, normalized cut: the graph's kernel splits copies of a point and mixes points, so
+    clusters may hold distinct mixtures. The warning, where given, counts the clusters of distinct composition
+    (computed here independently), and that count is below k (it said "(5) found smaller than n_clusters (5)")."""
+    point = np.repeat(np.arange(3), 20)
+    X = np.random.default_rng(0).normal(size=(3, 2))[point]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        labels = np.asarray(kkmgpu.fit(X, 5, objective="ncut", device="cpu", random_state=0).labels)
+    compositions = {tuple(np.bincount(point[labels == c], minlength=3) / (labels == c).sum())
+                    for c in range(5) if (labels == c).any()}
+    said = [str(w.message) for w in record if "distinct clusters" in str(w.message)]
+    if len(compositions) < 5:
+        assert len(said) == 1 and said[0].startswith(f"Number of distinct clusters ({len(compositions)}) ")
+    else:
+        assert said == []
