@@ -17,6 +17,7 @@ reference Lloyd iterations of tests/reference.py):
 - a precomputed affinity gives the fit from X; n_neighbors="search" keeps the lowest c-NNC; bad input raises.
 """
 
+import time
 import warnings
 
 import numpy as np
@@ -479,3 +480,178 @@ def test_float32_features_near_their_largest_value_and_predict_on_them(device, r
     center = X.mean(axis=0)
     X_new = (center + 0.1 * (X[:40] - center)).astype(np.float32)
     np.testing.assert_array_equal(kkmgpu.predict(result, X_new * s), kkmgpu.predict(base, X_new))
+
+
+# --- survivors of mutation run 6 (docs/mutation-testing.md): check_graph_args, checked_fit, fit, _check_degrees and
+# graph_spectral.diag ---------------------------------------------------------------------------------------------
+
+def test_bad_graph_arguments_and_isolated_points_name_the_value_and_the_rule():
+    """Each rule of the graph objectives' checks, with the part of its message that states the rule or the advice;
+    points of degree 0 are named (the first five, then "...")."""
+    import re
+
+    X = np.random.default_rng(1).normal(size=(30, 2))
+
+    def fails(fragment, data=X, error=ValueError, **kwargs):
+        with pytest.raises(error, match=re.escape(fragment)):
+            kkmgpu.fit(data, 2, objective="ncut", device="cpu", **kwargs)
+
+    fails("affinity='gaussian' is not one of 'knn', 'mutual_knn', 'self_tuning', 'precomputed'.", affinity="gaussian")
+    fails("(a precomputed affinity matrix: affinity='precomputed')", kernel="linear")
+    fails("the normalized cut weights every point by its degree, the ratio association by 1.",
+          sample_weight=np.ones(30))
+    fails("n_neighbors='search' builds graphs from X; it does not apply to affinity='precomputed'",
+          data=np.ones((8, 8)) - np.eye(8), affinity="precomputed", n_neighbors="search")
+    fails("n_neighbors=30 must be between 1 and n_samples - 1 = 29", n_neighbors=30)
+    for bad in ("big", np.nan, np.inf, True, None, [1.0]):
+        fails(f"graph_shift={bad!r} must be 'auto' or a finite number >= 0", graph_shift=bad)
+    fails("init='sideways' is not valid; use 'auto', 'spectral', 'k-means++', 'random' or an array of labels",
+          init="sideways")
+    # sparse features are not an affinity: the features' own message, not one about their number of columns
+    fails("sparse input is accepted only as a kernel matrix", data=sp.csr_matrix(X), error=TypeError)
+    for rows, named in (([0], "0"), ([2, 7], "2, 7"), ([0, 1, 2, 3, 4], "0, 1, 2, 3, 4"),
+                        ([0, 1, 2, 3, 4, 5], "0, 1, 2, 3, 4, ..."), ([1, 2, 3, 4, 5, 6, 7], "1, 2, 3, 4, 5, ...")):
+        A = np.ones((12, 12)) - np.eye(12)
+        A[rows, :] = A[:, rows] = 0.0
+        fails(f"{len(rows)} point(s) have no edge in the affinity matrix (degree 0: no positive entry in row "
+              f"{named}); every point needs at least one.", data=A, affinity="precomputed")
+        fails("Give each such point an affinity to another, or leave it out.", data=sp.csr_matrix(A),
+              affinity="precomputed")
+
+
+def test_features_as_a_list_give_the_fit_of_the_array(rng):
+    X, _ = blobs(90, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    want = kkmgpu.fit(X, 3, objective="ncut", device="cpu", random_state=0, n_init=2)
+    got = kkmgpu.fit(X.tolist(), 3, objective="ncut", device="cpu", random_state=0, n_init=2)
+    np.testing.assert_array_equal(got.labels, want.labels)
+
+
+def test_every_restart_is_reported_and_auto_restarts_follow_the_docs(device, rng):
+    """result.n_init is the number of restarts run and result.objectives the final objective of each (in the
+    objective's units, the lowest the reported one up to float32 rounding), for a string start (one refinement
+    with n_init restarts: k-means++, random) as for spectral starts; n_init="auto" is 1 for "k-means++", 10 for
+    "random" and "spectral" (kkmgpu.fit's docs)."""
+    X, _ = blobs(120, 2, 4, int(rng.integers(1 << 30)), spread=4.0)
+    for init, n_init, runs in (("k-means++", 3, 3), ("random", 2, 2), ("spectral", 2, 2), ("k-means++", "auto", 1),
+                               ("random", "auto", 10), ("spectral", "auto", 10)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # nor a warning about restarts of an array start
+            result = kkmgpu.fit(X, 4, objective="ncut", init=init, n_init=n_init, device=device, random_state=0)
+        assert result.n_init == runs and result.objectives.shape == (runs,), (init, n_init, result.objectives)
+        assert result.objectives.min() == pytest.approx(result.objective, rel=1e-4, abs=1e-5)
+
+
+def test_graph_fit_timings_are_parts_of_the_total(rng):
+    """result.timings: the graph build, kernel build, start and iterations each take >= 0 s (the iterations > 0),
+    together no more than the total, which is no more than the call's own wall time."""
+    X, _ = blobs(100, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    begin = time.perf_counter()
+    result = kkmgpu.fit(X, 3, objective="ncut", device="cpu", random_state=0, n_init=2)
+    wall = time.perf_counter() - begin
+    t = result.timings
+    parts = [t["graph"], t["kernel_build"], t["init"], t["iterations"]]
+    assert min(parts) >= 0.0 and t["iterations"] > 0.0
+    assert sum(parts) <= t["total"] <= wall
+
+
+@pytest.mark.parametrize("objective", ["ncut", "ratio_association"])
+def test_reported_sizes_weights_and_params_are_in_the_affinity_units(device, objective, rng):
+    """A precomputed affinity A * s (s = 2**-20, 1e30, 3: normalize_scale divides by a power of two): cluster_sizes
+    are d(c) of the given matrix (ncut) or the counts |c|, sample_weight its degrees or 1, kernel_params names the
+    affinity only, method_params["init"] is "array" for an array start, the dtype the one asked."""
+    X, _ = blobs(90, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    A, _ = dense_knn(X, 7)
+    init = random_partition(90, 3, int(rng.integers(1 << 30)))
+    for s in (2.0 ** -20, 1e30, 3.0):
+        result = kkmgpu.fit(A * s, 3, objective=objective, affinity="precomputed", init=init, device=device,
+                            dtype="float32", random_state=0)
+        labels = np.asarray(result.labels)
+        d = (A * s).sum(axis=1)
+        weights = d if objective == "ncut" else np.ones(90)
+        np.testing.assert_allclose(result.sample_weight, weights, rtol=1e-14)
+        np.testing.assert_allclose(result.cluster_sizes, np.bincount(labels, weights=weights, minlength=3),
+                                   rtol=1e-12)
+        assert result.kernel_params == {"affinity": "precomputed"}
+        assert result.method_params["init"] == "array" and result.dtype == "float32"
+
+
+def test_float64_fit_records_fp64_and_the_precision_asked(device, rng):
+    """dtype="float64" runs the refinement in float64 and the neighbour search in fp64 (method_params), and
+    method_params keeps the precision asked; features of 2 columns run fp32 on every device (a side below 32)."""
+    X, _ = blobs(100, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    with pytest.warns(UserWarning, match="gemm_precision='tf32' has no effect"):
+        result = kkmgpu.fit(X, 3, objective="ncut", device=device, dtype="float64", random_state=0, n_init=2,
+                            gemm_precision="tf32")
+    assert result.dtype == "float64" and result.method_params["gemm_mode"] == "fp64"
+    assert result.method_params["gemm_precision"] == "tf32"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        result = kkmgpu.fit(X, 3, objective="ncut", device=device, random_state=0, n_init=2, gemm_precision="tf32")
+    assert result.dtype == "float32" and result.method_params["gemm_mode"] == "fp32"
+    assert result.method_params["gemm_precision"] == "tf32" and result.device.startswith(device)
+
+
+def test_verbose_graph_fit_prints_the_iterations(capsys, rng):
+    X, _ = blobs(80, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    kkmgpu.fit(X, 3, objective="ncut", device="cpu", random_state=0, n_init=2, verbose=True)
+    assert "[kkmgpu] iteration 0: objective" in capsys.readouterr().out
+    kkmgpu.fit(X, 3, objective="ncut", n_neighbors="search", device="cpu", random_state=0, n_init=1, verbose=True)
+    assert "[kkmgpu] iteration 0: objective" in capsys.readouterr().out
+
+
+def test_seeded_string_starts_and_neighbour_search_repeat(rng):
+    """random_state reaches the refinement's own k-means++ / random starts and every fit of n_neighbors="search":
+    the same seed gives the same clustering (on data without clusters, where starts decide the result)."""
+    X = rng.uniform(size=(80, 2))
+    for kwargs in (dict(init="k-means++", n_init=2), dict(init="random", n_init=2),
+                   dict(init="random", n_init=1, n_neighbors="search")):
+        a, b = (kkmgpu.fit(X, 6, objective="ncut", device="cpu", random_state=3, **kwargs) for _ in range(2))
+        np.testing.assert_array_equal(a.labels, b.labels)
+        np.testing.assert_array_equal(a.objectives, b.objectives)
+
+
+def test_keep_on_device_leaves_the_labels_on_the_device(device, rng):
+    X, _ = blobs(80, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    result = kkmgpu.fit(X, 3, objective="ncut", device=device, random_state=0, n_init=2, keep_on_device=True)
+    host = kkmgpu.fit(X, 3, objective="ncut", device=device, random_state=0, n_init=2)
+    assert isinstance(result.labels, np.ndarray) == (device == "cpu") and isinstance(host.labels, np.ndarray)
+    np.testing.assert_array_equal(kkmgpu.backend.device.resolve_device(device).to_host(result.labels), host.labels)
+
+
+@pytest.mark.parametrize("objective", ["ncut", "ratio_association"])
+def test_history_of_an_affinity_with_self_loops_is_in_the_objective_units(device, objective, rng):
+    """With self loops (A_ii > 0), sum_i w_i K_ii holds sum_i A_ii / d_i (ncut) or tr A: J = sigma (n - k) - k +
+    ncut + sum_i A_ii / d_i, or sigma (n - k) + tr A - ratio association. The history and the restarts' objectives,
+    J less its constant, are the objective of their partitions (float64 reference), the last the reported one."""
+    X, _ = blobs(90, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    A, _ = dense_knn(X, 7)
+    A += np.diag(rng.uniform(0.5, 3.0, size=90))
+    init = random_partition(90, 3, int(rng.integers(1 << 30)))
+    K, w = graph_kernel(A, objective, 0.5)
+    ref = reference_kernel_kmeans(K, init, 3, sample_weight=w)
+    result = kkmgpu.fit(A, 3, objective=objective, affinity="precomputed", graph_shift=0.5, init=init,
+                        device=device, dtype="float64", tol=0)
+    np.testing.assert_array_equal(result.labels, ref.labels)
+    units = [reference_ncut(A, lab, 3) if objective == "ncut" else -reference_ratio_association(A, lab, 3)
+             for lab in ref.history_labels]
+    np.testing.assert_allclose(result.objective_history, units, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(result.objectives, [result.objective], rtol=1e-9, atol=1e-9)
+
+
+def test_a_perfect_cut_in_float32_is_reported_as_zero(device):
+    """k components with random weights (with self loops or not) and their own partition: the cut is 0. In float32
+    the history's J less its constant is 0 up to rounding, within 64 eps (sigma n + k + sum_i A_ii / d_i) (kkmgpu.fit's
+    docs); a value below 0 is that rounding and reported as 0, never as a negative cut."""
+    import scipy.linalg
+
+    k, m = 4, 15
+    eps = float(np.finfo(np.float32).eps)
+    for loops, shift, seed in ((False, 0.0, 0), (True, 0.0, 2), (True, 100.0, 0), (False, 1e4, 4)):
+        rng = np.random.default_rng(seed)
+        A = scipy.linalg.block_diag(*[B + B.T for B in (rng.uniform(0.5, 2.0, size=(m, m)) for _ in range(k))])
+        A[np.diag_indices(k * m)] = rng.uniform(0, 50, size=k * m) if loops else 0.0
+        result = kkmgpu.fit(A, k, objective="ncut", affinity="precomputed", graph_shift=shift,
+                            init=np.repeat(np.arange(k), m), dtype="float32", device=device)
+        bound = 64 * eps * (shift * k * m + k + np.sum(np.diag(A) / A.sum(axis=1)))
+        assert result.objective == 0.0 and np.all(result.objectives >= 0.0), (loops, shift, result.objectives)
+        assert np.all(result.objective_history >= 0.0) and result.objective_history[-1] <= bound

@@ -213,7 +213,8 @@ def graph_objective(A, d, labels, k, objective, backend) -> float:
 
 
 def offset(objective, shift, n, k) -> float:
-    """J - reported objective: sigma (n - k) - k for ncut, sigma (n - k) for the ratio association."""
+    """J - reported objective: sigma (n - k) - k for ncut, sigma (n - k) for the ratio association (an A without
+    self loops: fit adds theirs, sum_i A_ii / d_i or tr A)."""
     return shift * (n - k) - (k if objective == "ncut" else 0.0)
 
 
@@ -271,7 +272,9 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
         best = min(runs, key=lambda r: r.objective)
         _say_again(caught, None if affinity == "precomputed" else Xd, best.labels, backend.to_host(weights), k,
                    backend)
-        shifted = offset(objective, shift, n, k)
+        # J's constant: the shift's, and A's self loops (sum_i w_i K_ii holds sum_i A_ii / d_i, or tr A)
+        loops = _self_loops(A, d, backend) if objective == "ncut" else float(backend.to_host(A.diagonal().sum()))
+        shifted = offset(objective, shift, n, k) + loops
         final = graph_objective(A, d, best.labels, k, objective, backend)
         t_end = time.perf_counter()
         timings = {"graph": t_graph - t_start, "kernel_build": t_kernel - t_graph, "init": t_init - t_kernel,
@@ -284,13 +287,12 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
                   "gemm_precision": gemm_precision, "gemm_mode": mode, **spectral}
         if state_graph is not None:
             params["n_neighbors"] = int(n_neighbors)
-        objectives = np.array([r.objective - shifted for r in runs], dtype=np.float64)
-        if len(runs) > 1:  # several starts of their own: one restart each
-            objectives = np.concatenate([np.asarray(r.objectives, dtype=np.float64) - shifted for r in runs])
+        # every restart: one per start of its own (arrays), n_init of a single string start (k-means++, random)
+        objectives = np.concatenate([np.asarray(r.objectives, dtype=np.float64) - shifted for r in runs])
         history = np.asarray(best.objective_history, dtype=np.float64) - shifted
         if objective == "ncut":  # a cut is >= 0: values just below are rounding (kkmgpu._degenerate.ROUNDING)
             bound = _degenerate.ROUNDING * float(np.finfo(_kernel_spec.compute_dtype(
-                _validation.check_dtype(dtype))).eps) * (shift * n + k + _self_loops(A, d, backend))
+                _validation.check_dtype(dtype))).eps) * (shift * n + k + loops)
             final, history, objectives = (_not_below_rounding(v, bound) for v in (final, history, objectives))
         else:
             final, history, objectives = (np.ldexp(v, exponent) for v in (final, history, objectives))
