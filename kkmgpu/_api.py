@@ -253,10 +253,14 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         2004; :mod:`kkmgpu.methods.graphcut`): clusters of any shape (two spirals), spectral quality without a
         full eigensolver. ``result.objective`` is then the normalized cut (or the negated ratio association)
         and ``result.objective_name`` says which. kernel, gamma, sample_weight and method do not apply.
-    affinity : {"knn", "mutual_knn", "self_tuning", "precomputed"}, default="knn"
+    affinity : {"knn", "mutual_knn", "self_tuning", "precomputed", "search"}, default="knn"
         Graph objectives: the graph built from X in row tiles (:mod:`kkmgpu.kernels.graphs`): the symmetric
         kNN graph (G + G^T) / 2, the mutual kNN graph, or kNN with self-tuning RBF weights; "precomputed": X
         is a symmetric non-negative affinity matrix (dense or scipy/cupyx sparse; ``predict`` needs X).
+        "search": the family and n_neighbors chosen together without labels (the largest spectral gap ratio
+        lambda_{k+1} / lambda_k among graphs of at most k large components,
+        :mod:`kkmgpu.methods.graph_search`); the evidence is ``result.method_params["graph_search"]``
+        (``.table()``, ``.plot()``).
     n_neighbors : int or "search", default=10
         Graph objectives: neighbours per point (scikit-learn's SpectralClustering default). "search" fits
         with each of 5, 7, 10, 15, 20, 30, 50 (below n) and keeps the clustering of lowest c-NNC

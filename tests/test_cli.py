@@ -445,3 +445,20 @@ def test_label_column_detection_rule(rng, case):
     else:
         X[:, -1] = 7.0
     assert label_column_reason(X, 3) is None
+
+
+def test_affinity_search_prints_each_candidate_and_the_choice(blobs_csv, capsys):
+    """--affinity search: the summary names the chosen graph, and a table lists every candidate's criterion with
+    the chosen one marked (the same table as result.method_params["graph_search"].table())."""
+    from kkmgpu.methods import graph_search
+
+    assert main(["fit", str(blobs_csv), "-k", "3", "--objective", "ncut", "--affinity", "search", "--device", "cpu",
+                 "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    graph = re.search(r"^graph\s+(\w+), (\d+) neighbours", out, re.MULTILINE)
+    table = out.split("graph search (")[1].splitlines()[1:]
+    rows = [line.split() for line in table if line[:1] in ("*", " ", "-") and line[2:].split()[:1]
+            and line[2:].split()[0] in graph_search.FAMILIES]
+    assert len(rows) == len(graph_search.FAMILIES) * len(graph_search.GRID)
+    chosen = [r for r in rows if r[0] == "*"]
+    assert len(chosen) == 1 and chosen[0][1:3] == [graph[1], graph[2]]

@@ -144,8 +144,10 @@ def _build_parser():
     fit.add_argument("--objective", choices=("kernel_kmeans", "ncut", "ratio_association"), default="kernel_kmeans",
                      help="what is minimised: kernel k-means (default), or the normalized cut / ratio association of "
                           "a nearest-neighbour graph of the points (clusters of any shape; --kernel/--gamma unused)")
-    fit.add_argument("--affinity", choices=("knn", "mutual_knn", "self_tuning"), default="knn",
-                     help="ncut / ratio_association: the graph (default: knn, the symmetric kNN graph)")
+    fit.add_argument("--affinity", choices=("knn", "mutual_knn", "self_tuning", "search"), default="knn",
+                     help="ncut / ratio_association: the graph (default: knn, the symmetric kNN graph); search: the "
+                          "family and --n-neighbors chosen together without labels, each candidate's criterion "
+                          "printed as a table")
     fit.add_argument("--n-neighbors", type=int_or_search, default=10, metavar="N",
                      help='ncut / ratio_association: neighbours per point, or "search" (lowest c-NNC of 5 ... 50; '
                           "default: 10)")
@@ -310,6 +312,9 @@ def _run_fit(args):
     width = max(len(name) for name, _ in summary)
     for name, value in summary:
         print(f"{name:<{width}}  {value}")
+    if "graph_search" in result.method_params:
+        print(f"\ngraph search ({result.timings['graph_search']:.3f} s):")
+        print(result.method_params["graph_search"].table())
     return 0
 
 

@@ -81,9 +81,16 @@ def check_objective(objective):
 
 
 def check_graph_args(*, affinity, n_neighbors, graph_shift, kernel, gamma, method, sample_weight, n):
-    """Validated (affinity, n_neighbors, graph_shift); n_neighbors may be "search"."""
-    if not isinstance(affinity, str) or affinity not in AFFINITIES:
-        raise ValueError(f"affinity={affinity!r} is not one of {', '.join(map(repr, AFFINITIES))}.")
+    """Validated (affinity, n_neighbors, graph_shift); n_neighbors may be "search"; affinity="search" takes
+    n_neighbors "search" or its default (it chooses both) and gives n_neighbors="search"."""
+    if not isinstance(affinity, str) or affinity not in (*AFFINITIES, "search"):
+        raise ValueError(f"affinity={affinity!r} is not one of {', '.join(map(repr, (*AFFINITIES, 'search')))}.")
+    if affinity == "search":
+        if not (isinstance(n_neighbors, str) and n_neighbors == "search") and not (
+                isinstance(n_neighbors, (int, np.integer)) and n_neighbors == DEFAULT_N_NEIGHBORS):
+            raise ValueError(f"affinity='search' chooses the graph's family and its n_neighbors together; got "
+                             f"n_neighbors={n_neighbors!r}: leave it at its default (or 'search'), or fix the family.")
+        n_neighbors = "search"
     if method != "exact":
         raise ValueError(f"the graph objectives run on the sparse graph kernel with method='exact'; got "
                          f"method={method!r}.")
@@ -159,6 +166,9 @@ def checked_fit(X, k, *, fit_exact, objective, affinity, n_neighbors, graph_shif
                   init=init, n_init=n_init, max_iter=max_iter, tol=tol, verbose=verbose,
                   keep_on_device=keep_on_device, progress=progress, fit_exact=fit_exact,
                   gemm_precision=_gemm.check_precision(gemm_precision))
+    if affinity == "search":
+        from kkmgpu.methods.graph_search import search_affinity
+        return search_affinity(X, k, random_state=random_state, fit=fit, **kwargs)
     if n_neighbors == "search":
         return search_neighbors(X, k, random_state=random_state, **kwargs)
     return fit(X, k, n_neighbors=n_neighbors, random_state=random_state, **kwargs)
