@@ -31,8 +31,21 @@ def main():
     parser.add_argument("--seconds", type=float, default=None, help="wall time of the run, for the header")
     parser.add_argument("--status", action="append", default=None,
                         help="statuses whose diffs are listed (default: every status but killed and not checked)")
+    parser.add_argument("--sample-per-module", type=int, default=None, metavar="N",
+                        help="count only the seeded sample of bench/mutation/sample.py (same N and --seed)")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rows = collect()
+    if args.sample_per_module is not None:
+        import os
+        import sys
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from sample import sample
+
+        chosen = {name for names in sample(args.sample_per_module, args.seed)[0].values() for name in names}
+        rows = [row for row in rows if row[1] in chosen]
+        print(f"(a uniform sample of {args.sample_per_module} mutants per module, seed {args.seed}; "
+              "bench/mutation/sample.py)\n")
     statuses = collections.defaultdict(collections.Counter)
     for module, _, status, _ in rows:
         statuses[module][status] += 1
