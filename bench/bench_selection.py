@@ -14,6 +14,7 @@ or runs out of time is recorded as such and the run goes on. NMI and ARI are sci
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -212,12 +213,14 @@ def _jsonable(value, depth=0):
         return float(value) if math.isfinite(value) else str(float(value))
     if isinstance(value, np.integer):
         return int(value)
-    if depth < 3 and isinstance(value, (list, tuple)) and len(value) <= 64:
+    if depth < 5 and isinstance(value, (list, tuple)) and len(value) <= 64:
         return [_jsonable(v, depth + 1) for v in value]
-    if depth < 3 and isinstance(value, dict):
+    if depth < 5 and isinstance(value, dict):
         return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
     if isinstance(value, np.ndarray) and value.size <= 64:
         return _jsonable(value.tolist(), depth)
+    if depth < 5 and dataclasses.is_dataclass(value) and not isinstance(value, type):  # e.g. a GraphSearch
+        return {f.name: _jsonable(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}
     return f"<{type(value).__name__}>"
 
 

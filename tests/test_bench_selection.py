@@ -115,3 +115,21 @@ def test_a_case_past_its_time_limit_is_recorded_not_fatal(bench, tmp_path):
     assert [(c["contestant"], c["status"], c["seconds_at_least"]) for c in doc["cases"]] == [
         ("sk-kmeans", "timeout", 0.001)]
     assert doc["runs"][-1]["timeout_s"] == 0.001 and "finished" in doc["runs"][-1]
+
+
+def test_affinity_search_evidence_is_kept_candidate_by_candidate(bench):
+    """The result file keeps a graph search's evidence whole: every candidate's components and criterion and the
+    chosen one, as JSON (issue 28 point 4)."""
+    import kkmgpu
+
+    X = np.random.default_rng(0).normal(size=(60, 2))
+    result = kkmgpu.fit(X, 2, objective="ncut", affinity="search", device="cpu", random_state=0)
+    evidence = json.loads(json.dumps(bench._evidence(result)))["graph_search"]
+    search = result.method_params["graph_search"]
+    assert len(evidence["candidates"]) == len(search.candidates)
+    for row, candidate in zip(evidence["candidates"], search.candidates):
+        assert (row["affinity"], row["n_neighbors"], row["components"]) == (
+            candidate.affinity, candidate.n_neighbors, candidate.components)
+        assert row["ratio"] == (candidate.ratio if np.isfinite(candidate.ratio) else str(candidate.ratio))
+    assert (evidence["chosen"]["affinity"], evidence["chosen"]["n_neighbors"]) == (
+        search.chosen.affinity, search.chosen.n_neighbors)
