@@ -496,7 +496,7 @@ def test_bad_graph_arguments_and_isolated_points_name_the_value_and_the_rule():
         with pytest.raises(error, match=re.escape(fragment)):
             kkmgpu.fit(data, 2, objective="ncut", device="cpu", **kwargs)
 
-    fails("affinity='gaussian' is not one of 'knn', 'mutual_knn', 'self_tuning', 'precomputed'.", affinity="gaussian")
+    fails("affinity='gaussian' is not one of 'knn', 'mutual_knn', 'self_tuning', 'precomputed'", affinity="gaussian")
     fails("(a precomputed affinity matrix: affinity='precomputed')", kernel="linear")
     fails("the normalized cut weights every point by its degree, the ratio association by 1.",
           sample_weight=np.ones(30))
@@ -655,3 +655,48 @@ def test_a_perfect_cut_in_float32_is_reported_as_zero(device):
         bound = 64 * eps * (shift * k * m + k + np.sum(np.diag(A) / A.sum(axis=1)))
         assert result.objective == 0.0 and np.all(result.objectives >= 0.0), (loops, shift, result.objectives)
         assert np.all(result.objective_history >= 0.0) and result.objective_history[-1] <= bound
+
+
+def test_progress_reaches_each_start_refinement(monkeypatch, rng):
+    """progress=True: each start's refinement opens its own (nested, transient) bar of kernel k-means, shown while a
+    long refinement runs (the spectral start's own k-means shows none); progress=False shows none."""
+    from kkmgpu._progress import progress_bar
+    from kkmgpu.engine import lloyd
+
+    opened = []
+
+    def spy(*args, desc, enabled, **kwargs):
+        opened.append((desc, enabled))
+        return progress_bar(*args, desc=desc, enabled=enabled, **kwargs)
+
+    monkeypatch.setattr(lloyd, "progress_bar", spy)
+    X, _ = blobs(80, 2, 3, int(rng.integers(1 << 30)), spread=2.0)
+    for progress in (True, False):
+        opened.clear()
+        kkmgpu.fit(X, 3, objective="ncut", device="cpu", random_state=0, n_init=2, progress=progress)
+        assert [enabled for desc, enabled in opened if desc == "kernel k-means"].count(True) == 2 * progress
+
+
+def test_identical_points_warn_from_x_with_the_default_settings():
+    """40 copies of one point, k = 3: the refinement separates them (their graph rows differ), X does not; the
+    warning about fewer distinct points than clusters is said, once, from X (kkmgpu._degenerate)."""
+    X = np.tile(np.random.default_rng(2).normal(size=(1, 2)), (40, 1))
+    with pytest.warns(kkmgpu.ConvergenceWarning) as record:
+        kkmgpu.fit(X, 3, objective="ncut", device="cpu", random_state=0)
+    said = [str(w.message) for w in record if "distinct clusters" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("Number of distinct clusters (1) found smaller than n_clusters (3)")
+
+
+def test_tol_reaches_the_refinement(device, rng):
+    """A tol above every relative change stops the refinement after its first assignment step: the labels of the
+    reference's first step from the same initial labels (tol=0 runs on)."""
+    X, _ = blobs(120, 2, 4, int(rng.integers(1 << 30)), spread=2.0)
+    A, _ = dense_knn(X, 8)
+    init = random_partition(120, 4, int(rng.integers(1 << 30)))
+    K, w = graph_kernel(A, "ncut", 0.5)
+    ref = reference_kernel_kmeans(K, init, 4, sample_weight=w)
+    assert ref.n_iter > 2
+    result = kkmgpu.fit(X, 4, objective="ncut", n_neighbors=8, init=init, graph_shift=0.5, device=device,
+                        dtype="float64", tol=1e9)
+    assert result.n_iter == 1
+    np.testing.assert_array_equal(result.labels, ref.history_labels[1])
