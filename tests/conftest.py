@@ -269,3 +269,21 @@ def rng(request):
     """A NumPy generator seeded from the test's node id, so every test gets its own fixed stream."""
     seed = sum(map(ord, request.node.nodeid)) % (2**32)
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def knn_search_modes(monkeypatch):
+    """The GEMM precision mode of every exact neighbour search (kkmgpu.kernels.knn_exact.search, spied on) run while
+    the test runs, in order: what a graph fit's neighbour search really ran, to hold method_params["gemm_mode"] to."""
+    from kkmgpu.kernels import knn_exact
+
+    ran, search = [], knn_exact.search
+
+    def spy(*args, report=None, **kwargs):
+        report = {} if report is None else report
+        out = search(*args, report=report, **kwargs)
+        ran.append(report["mode"])
+        return out
+
+    monkeypatch.setattr(knn_exact, "search", spy)
+    return ran

@@ -452,21 +452,11 @@ def test_predict_prepares_new_points_with_the_fits_power_of_two():
 
 
 @pytest.mark.gpu
-def test_neighbour_search_runs_in_the_gemm_precision_asked(monkeypatch):
+def test_neighbour_search_runs_in_the_gemm_precision_asked(knn_search_modes):
     """n_neighbors="search" searches the neighbours once, in the GEMM precision mode asked (tf32 here, float32
     features of 32 columns on a GPU), and method_params["gemm_mode"] is the mode it ran in."""
-    from kkmgpu.kernels import knn_exact
-
     _use("cuda")
-    ran, search = [], knn_exact.search
-
-    def spy(*args, report=None, **kwargs):
-        report = {} if report is None else report
-        out = search(*args, report=report, **kwargs)
-        ran.append(report["mode"])
-        return out
-
-    monkeypatch.setattr(knn_exact, "search", spy)
+    ran = knn_search_modes
     X = np.random.default_rng(0).normal(size=(40, 32))
     result = kkmgpu.fit(X, 2, objective="ncut", n_neighbors="search", device="cuda", gemm_precision="tf32",
                         random_state=0, n_init=1)

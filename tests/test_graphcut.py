@@ -199,22 +199,12 @@ def test_predict_on_scaled_and_offset_training_points_gives_the_labels_of_X(devi
         np.testing.assert_array_equal(kkmgpu.predict(result, Xs), want)
 
 
-def test_fit_records_the_gemm_precision_and_warns_where_it_has_no_effect(device, rng, monkeypatch):
+def test_fit_records_the_gemm_precision_and_warns_where_it_has_no_effect(device, rng, knn_search_modes):
     """method_params: "gemm_precision" as asked, "gemm_mode" the mode the neighbour search reported running (the
     default 3xtf32 on a GPU's float32 features of 32 columns, fp32 on the CPU, fp64 for float64, None for a
     precomputed affinity). An explicit mode warns where it has no effect (the CPU, float64, a precomputed
     affinity), once, pointing at the caller; where it runs, it does not."""
-    from kkmgpu.kernels import knn_exact
-
-    ran, search = [], knn_exact.search
-
-    def spy(*args, report=None, **kwargs):
-        report = {} if report is None else report
-        out = search(*args, report=report, **kwargs)
-        ran.append(report["mode"])
-        return out
-
-    monkeypatch.setattr(knn_exact, "search", spy)
+    ran = knn_search_modes
     X, _ = blobs(120, 32, 2, int(rng.integers(1 << 30)), spread=3.0)
     gpu = device == "cuda"
 
@@ -379,22 +369,12 @@ def test_graph_objective_of_labels_with_empty_and_singleton_clusters(device, obj
     assert value == pytest.approx(want, rel=1e-12)
 
 
-def test_explicit_gemm_precision_warns_only_where_it_has_no_effect(device, rng, monkeypatch):
+def test_explicit_gemm_precision_warns_only_where_it_has_no_effect(device, rng, knn_search_modes):
     """The warning's presence, category and reason (its attribution is test_fit_records_the_gemm_precision_...'s):
     tf32 on 32 float32 features runs on a GPU and warns on the CPU; fp32 on float32 features runs everywhere; a
     precomputed affinity, dense or sparse, has no products to run. method_params["gemm_mode"] is the mode the
     neighbour search ran (device="cpu" stays on the CPU where a GPU is usable)."""
-    from kkmgpu.kernels import knn_exact
-
-    ran, search = [], knn_exact.search
-
-    def spy(*args, report=None, **kwargs):
-        report = {} if report is None else report
-        out = search(*args, report=report, **kwargs)
-        ran.append(report["mode"])
-        return out
-
-    monkeypatch.setattr(knn_exact, "search", spy)
+    ran = knn_search_modes
     X, _ = blobs(120, 32, 2, int(rng.integers(1 << 30)), spread=3.0)
     gpu = device == "cuda"
 
