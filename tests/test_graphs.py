@@ -243,3 +243,33 @@ def test_query_affinity_equals_the_float64_reference(device, kind, rng):
     np.testing.assert_allclose(dense(W, backend), want, rtol=1e-12, atol=0)
     np.testing.assert_array_equal(backend.to_host(nearest), np.argmin(D, axis=1))
     assert other.sum() > 0 and (own & ~other).sum() > 0    # both directions occur
+
+
+def test_the_smallest_graphs_allowed_equal_the_references(device, rng):
+    """The validators' boundaries: one neighbour per point (knn, mutual_knn) and the self-tuning graph of exactly 8
+    points (its 7th neighbour, the local scale, is then every point's farthest) are built, equal to the references."""
+    neighbors = pytest.importorskip("sklearn.neighbors")
+    backend = resolve_device(device)
+    X = rng.normal(size=(60, 3))
+    G = neighbors.kneighbors_graph(X, 1, include_self=False)
+    np.testing.assert_array_equal(dense(affinity_graph(backend.asarray(X), 1, "knn", backend), backend),
+                                  (0.5 * (G + G.T)).toarray())
+    mutual = dense(affinity_graph(backend.asarray(X), 1, "mutual_knn", backend), backend)
+    assert np.all(mutual.sum(axis=1) > 0) and np.array_equal(mutual, mutual.T)
+    np.testing.assert_array_equal(mutual > 0, (G + G.T).toarray() > 0)  # each keeps its nearest neighbour's edge
+    X8 = rng.normal(size=(8, 3))
+    np.testing.assert_allclose(dense(affinity_graph(backend.asarray(X8), 3, "self_tuning", backend), backend),
+                               reference_self_tuning(X8, 3), rtol=1e-10, atol=1e-14)
+
+
+def test_the_graph_keeps_the_gemm_precision_asked(rng):
+    """build_graph records the precision its neighbour search was asked for (predict and score search again in it),
+    and an unknown precision is refused by name."""
+    from kkmgpu.kernels.graphs import build_graph
+
+    backend = resolve_device("cpu")
+    X = backend.asarray(rng.normal(size=(40, 3)).astype(np.float32))
+    assert build_graph(X, 5, "knn", backend, precision="fp32").precision == "fp32"
+    assert build_graph(X, 5, "knn", backend, precision="tf32").precision == "tf32"
+    with pytest.raises(ValueError, match="gemm_precision='bf16' is not one of"):
+        affinity_graph(X, 5, "knn", backend, precision="bf16")

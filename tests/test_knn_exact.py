@@ -272,3 +272,40 @@ def test_query_bad_input_raises(rng):
         knn_exact.query(A, Q[:, :2], 3, backend)
     with pytest.raises(ValueError, match="n_neighbors=31 must be between 1 and the 30 points"):
         knn_exact.query(A, Q[:1], 31, backend)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_query_of_points_at_the_data_mean_finds_the_point_itself(device, dtype):
+    """A new point equal to a training point at A's mean (both of norm 0 once centred) is at distance 0 from it:
+    the error interval of that pair must not be flipped (a mutant subtracting the absolute error from the norms
+    dropped the pair and gave the next point, 0.5 away). Against cdist in float64; the overflow check's message."""
+    A = np.array([[0, 0], [1, 0], [-1, 0], [0, 1], [0, -1]], dtype=dtype)
+    Q = np.array([[0, 0], [0.5, 0.5]], dtype=dtype)
+    got = query(A, Q, 1, device, "fp32", np.zeros(len(A)))
+    check_query(got, query_reference(Q, A, 1, np.zeros(len(A))), len(A))
+    assert got[1][0, 0] == 0.0
+
+
+def test_error_bound_refuses_too_many_features_and_names_them():
+    """The certified search's bound grows with d; where it would reach the precision itself it refuses, naming d
+    and the mode (fp32: at d = 2**23), and just below it is finite and positive."""
+    with pytest.raises(ValueError, match=r"d=8388608 features are too many for a certified search in fp32 "
+                                         r"\(float32\)"):
+        knn_exact.error_bound("fp32", 2 ** 23, np.float32)
+    c, e_abs = knn_exact.error_bound("fp32", 2 ** 23 - 1, np.float32)
+    assert np.isfinite(c) and c > 0 and np.isfinite(e_abs) and e_abs >= 0
+
+
+def test_features_beyond_float64_squares_raise():
+    with pytest.raises(ValueError, match="squared distances of the features"):
+        knn_exact.search(np.array([[1e154], [-1e154], [0.9e154]]), 2, resolve_device("cpu"))
+
+
+def test_3xtf32_bound_counts_three_products_per_feature():
+    """3xTF32 sums three products per feature (hi*hi + hi*lo + lo*hi), so its bound reaches the precision at a third
+    of fp32's feature count or below: 1.4 million features are refused in 3xtf32 and accepted in fp32."""
+    with pytest.raises(ValueError, match=r"d=1400000 features are too many for a certified search in 3xtf32"):
+        knn_exact.error_bound("3xtf32", 1_400_000, np.float32)
+    c_fp32, _ = knn_exact.error_bound("fp32", 3_000_000, np.float32)
+    c_3x, _ = knn_exact.error_bound("3xtf32", 300_000, np.float32)
+    assert np.isfinite(c_fp32) and c_3x >= knn_exact.error_bound("fp32", 300_000, np.float32)[0]
