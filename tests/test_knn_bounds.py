@@ -135,3 +135,13 @@ def test_threaded_search_is_the_same_for_any_workers_and_products(block, panel, 
     np.testing.assert_array_equal(index, want)                # (key, index) order: nearest first
     sq = np.einsum("ij,ij->i", X, X)
     np.testing.assert_allclose(keys + sq[:, None], reference(X, 9)[1], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rounding_margin_keeps_exact_ties_of_integer_grid_data(dtype):
+    """Points on an integer grid in 2-D have many exactly tied distances; with one axis for the bounds the margin
+    of a few units in the last place is all that keeps a tied point from being pruned (a margin of the wrong sign,
+    4 (d + g - 8) u, dropped such ties: 100+ rows came out with the higher index). Ties to the lower index, as the
+    float64 reference."""
+    X = np.random.default_rng(7).integers(-20, 21, (400, 2)).astype(dtype)
+    check(X, 5, rtol=0, axes=1, n_candidates=8)
