@@ -900,12 +900,14 @@ def test_regularized_solve_drops_what_the_cutoff_drops(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("name", "rtol", "moved"), [("rbf", 1e-4, 0), ("precomputed", 1e-4, 0), ("sigmoid", 1e-2, 5)])
+@pytest.mark.parametrize(("name", "rtol", "moved"), [("rbf", 1e-3, 0), ("precomputed", 1e-3, 0), ("sigmoid", 1e-2, 5)])
 def test_gpu_batched_solve_gives_the_eigh_route_run(name, rtol, moved, monkeypatch):
     """On a GPU with M_c above 32 x 32: the one batched regularized solve and the per-cluster eigendecomposition
     give the same run (same seeds, same samples). The approximate distortions differ by the soft cutoff
-    (components of M_c near rcond x its largest eigenvalue; on the stand-in 1e-5 relative for rbf in float32 here,
-    up to 0.9% over other seeds); for the sigmoid kernel, whose M_c are indefinite, a point near a boundary may
+    (components of M_c near rcond x its largest eigenvalue; on the stand-in 1.6e-4 relative for rbf in float32 here
+    at the default gamma of the per-feature variance, 1e-5 at the earlier X.var() rule's, up to 0.9% over other
+    seeds: the history is held to 1e-3, labels, n_iter and the exact objective exactly); for the sigmoid kernel,
+    whose M_c are indefinite, a point near a boundary may
     land elsewhere (1 of 900 here, the run one iteration longer): at most ``moved`` labels differ, then n_iter by
     at most one and the exact objectives by 1e-4."""
     from conftest import require_cuda
