@@ -11,7 +11,7 @@ a graph is (denser graphs have larger eigenvalues throughout).
 A graph is **eligible** only if it has at most k connected components, each holding at least
 :data:`MIN_COMPONENT_SHARE` n / k points. Without this, a sparse mutual-kNN graph that cuts off a few outliers
 has lambda_k = 0 and wins with an infinite ratio, and its cut (0) puts those few points in clusters of their own.
-Where no candidate is eligible, the one with the fewest components is taken (ties: the larger ratio).
+Where no candidate is eligible, the one with the fewest components is taken (the first of equal ones).
 
 The rule (ratio, the component guard and its share 0.1, the grid) was chosen on the **tuning half** of
 ``bench/bench_selection.py`` only: mean NMI 0.729 there (0.736 with the sizes 5, 7, 10, 15, 20 and 30, at twice
@@ -33,7 +33,8 @@ from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import graphs as _graphs
 from kkmgpu.methods import graph_scale as _scale
 from kkmgpu.methods.graph_scale import graph_features
-from kkmgpu.methods.graph_spectral import spectral_embedding
+from kkmgpu.methods.graph_spectral import _components, spectral_embedding
+from kkmgpu.methods.graphcut import degrees
 
 FAMILIES = _graphs.GRAPHS
 #: neighbours per point tried for each family (those below n)
@@ -87,13 +88,12 @@ class GraphSearch:
 
 def components(A, backend):
     """(number of connected components, size of the smallest) of the symmetric sparse graph A (on the host)."""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import connected_components
+    if backend.is_gpu:  # the structure alone, as SciPy CSR
+        from scipy.sparse import csr_matrix
 
-    n = A.shape[0]
-    if backend.is_gpu:
+        n = A.shape[0]
         A = csr_matrix((np.ones(int(A.nnz)), backend.to_host(A.indices), backend.to_host(A.indptr)), shape=(n, n))
-    count, labels = connected_components(A, directed=False)
+    count, labels = _components(A)
     return int(count), int(np.bincount(labels).min())
 
 
@@ -106,8 +106,7 @@ def score(A, k, backend, rng, affinity, n_neighbors) -> Candidate:
     lam_k = lam_k1 = ratio = math.nan
     if eligible and k + 1 <= n - 1:
         A, _ = _scale.normalize_scale(A)
-        d = backend.xp.asarray(A.sum(axis=1)).ravel().astype(backend.xp.float64)
-        w = spectral_embedding(A, d, k + 1, backend, rng)[1]
+        w = spectral_embedding(A, degrees(A, backend), k + 1, backend, rng)[1]
         lam = np.clip(1.0 - np.asarray(w, dtype=np.float64), 0.0, None)  # ascending Laplacian eigenvalues
         lam_k, lam_k1 = float(lam[k - 1]), float(lam[k])
         # k components: lambda_k is 0 (the solver gives it to its tolerance, e.g. 3e-11), the groups are separate
@@ -116,11 +115,11 @@ def score(A, k, backend, rng, affinity, n_neighbors) -> Candidate:
 
 
 def choose(candidates) -> Candidate:
-    """The eligible candidate of largest ratio (the first of equal ones); else the one of fewest components."""
+    """The eligible candidate of largest ratio; else the one of fewest components (the first of equal ones)."""
     eligible = [c for c in candidates if c.eligible and not math.isnan(c.ratio)]
     if eligible:
         return max(eligible, key=lambda c: c.ratio)
-    return min(candidates, key=lambda c: (c.components, -(c.ratio if not math.isnan(c.ratio) else -math.inf)))
+    return min(candidates, key=lambda c: c.components)
 
 
 def search_affinity(X, k, *, random_state, device, fit, families=FAMILIES, grid=GRID, **kwargs):

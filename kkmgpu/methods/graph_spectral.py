@@ -110,10 +110,6 @@ def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MA
     return E, np.sort(np.asarray(w, dtype=np.float64))[::-1], iterations, solver
 
 
-def _connected(A) -> bool:
-    return _components(A)[0] == 1
-
-
 def _components(A):
     """(count, labels) of the connected components of the symmetric sparse A (SciPy, on the host)."""
     from scipy.sparse.csgraph import connected_components
