@@ -34,7 +34,6 @@ from kkmgpu.kernels import graphs as _graphs
 from kkmgpu.methods import graph_scale as _scale
 from kkmgpu.methods.graph_scale import graph_features
 from kkmgpu.methods.graph_spectral import _components, spectral_embedding
-from kkmgpu.methods.graphcut import degrees
 
 FAMILIES = _graphs.GRAPHS
 #: neighbours per point tried for each family (those below n)
@@ -106,7 +105,8 @@ def score(A, k, backend, rng, affinity, n_neighbors) -> Candidate:
     lam_k = lam_k1 = ratio = math.nan
     if eligible and k + 1 <= n - 1:
         A, _ = _scale.normalize_scale(A)
-        w = spectral_embedding(A, degrees(A, backend), k + 1, backend, rng)[1]
+        d = backend.xp.asarray(A.sum(axis=1)).ravel().astype(backend.xp.float64)  # (graphcut imports this module)
+        w = spectral_embedding(A, d, k + 1, backend, rng)[1]
         lam = np.clip(1.0 - np.asarray(w, dtype=np.float64), 0.0, None)  # ascending Laplacian eigenvalues
         lam_k, lam_k1 = float(lam[k - 1]), float(lam[k])
         # k components: lambda_k is 0 (the solver gives it to its tolerance, e.g. 3e-11), the groups are separate
