@@ -11,9 +11,10 @@
 
 - ``sklearn``: ``SpectralClustering(k, affinity="nearest_neighbors", n_neighbors=10, random_state=seed)``
   (its defaults: arpack, assign_labels="kmeans", n_init=10);
-- ``ncut``: ``kkmgpu.fit(X, k, objective="ncut", n_neighbors=10, random_state=seed)`` (spectral start, n_init 10);
+- ``ncut``: ``kkmgpu.fit(X, k, objective="ncut", n_neighbors=10, random_state=seed)`` (the default graph:
+  self_tuning since round 2 of docs/selection.md, knn before; spectral start, n_init 10);
 - ``ncut_kmeanspp``: the same from k-means++ starts in the graph kernel's feature space (n_init 10);
-- ``ncut_search``: ``n_neighbors="search"`` (lowest c-NNC of 5 ... 50);
+- ``ncut_search``: ``n_neighbors="search"`` (the largest spectral gap ratio of 5 ... 30, the default family);
 - ``ratio_association``: ``objective="ratio_association"``;
 - ``rbf``: plain kernel k-means, RBF gamma="scale", n_init 10 (what the graph objectives are for).
 
@@ -117,7 +118,8 @@ def quality(args):
                 out = contestant(who, X, k, seed, args.device)
                 took = time.perf_counter() - t0
                 if who == "ncut_search":
-                    extra = {"n_neighbors": out.method_params["n_neighbors"], "cnnc": out.method_params["cnnc"]}
+                    extra = {"n_neighbors": out.method_params["n_neighbors"],
+                             "ratio": out.method_params["graph_search"].chosen.ratio}
                     out = out.labels
                 score = nmi(y, np.asarray(out))
                 scores.append(score)

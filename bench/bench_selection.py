@@ -228,9 +228,8 @@ def _evidence(result):
     """What a kkmgpu search chose and why: each candidate's criterion and the one kept."""
     params = result.method_params
     out = {}
-    if "n_neighbors_search" in params:
+    if "graph_search" in params:
         out["n_neighbors"] = params.get("n_neighbors")
-        out["candidates"] = [{"n_neighbors": v, "cnnc": s, "objective": o} for v, s, o in params["n_neighbors_search"]]
     search = params.get("bandwidth_search")
     if search is not None:
         out["gamma"] = search.best.gamma
@@ -238,7 +237,7 @@ def _evidence(result):
     elif "gamma" in (result.kernel_params or {}):
         out["gamma"] = result.kernel_params["gamma"]
     for key, value in params.items():  # whatever else a search reports (e.g. a future affinity search)
-        if "search" in key and key not in ("n_neighbors_search", "bandwidth_search"):
+        if "search" in key and key != "bandwidth_search":
             out[key] = value
     return _jsonable(out)
 

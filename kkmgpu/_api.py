@@ -98,8 +98,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         update="auto", n_samples_per_cluster=None, window=None, theta=None, rcond=None,
         exact_objective=False, n_components=None, engine="auto", gemm_precision=DEFAULT_PRECISION,
         trim_vote_fraction=None, trim_slack=None, trim_h=None, trim_max_size=None, n_landmarks=None,
-        landmarks="uniform", objective="kernel_kmeans", affinity="knn", n_neighbors=graphcut.DEFAULT_N_NEIGHBORS,
-        graph_shift="auto", progress=False, tf32=None) -> KernelKMeansResult:
+        landmarks="uniform", objective="kernel_kmeans", affinity=graphcut.DEFAULT_AFFINITY,
+        n_neighbors=graphcut.DEFAULT_N_NEIGHBORS, graph_shift="auto", progress=False, tf32=None) -> KernelKMeansResult:
     """Cluster the rows of X into k clusters with kernel k-means.
 
     Lloyd iterations on the kernel matrix (papers' Eq. 3-4): every point moves to the cluster whose
@@ -253,19 +253,19 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         2004; :mod:`kkmgpu.methods.graphcut`): clusters of any shape (two spirals), spectral quality without a
         full eigensolver. ``result.objective`` is then the normalized cut (or the negated ratio association)
         and ``result.objective_name`` says which. kernel, gamma, sample_weight and method do not apply.
-    affinity : {"knn", "mutual_knn", "self_tuning", "precomputed", "search"}, default="knn"
+    affinity : {"knn", "mutual_knn", "self_tuning", "precomputed", "search"}, default="self_tuning"
         Graph objectives: the graph built from X in row tiles (:mod:`kkmgpu.kernels.graphs`): the symmetric
-        kNN graph (G + G^T) / 2, the mutual kNN graph, or kNN with self-tuning RBF weights; "precomputed": X
-        is a symmetric non-negative affinity matrix (dense or scipy/cupyx sparse; ``predict`` needs X).
-        "search": the family and n_neighbors chosen together without labels (the largest spectral gap ratio
-        lambda_{k+1} / lambda_k among graphs of at most k large components,
-        :mod:`kkmgpu.methods.graph_search`); the evidence is ``result.method_params["graph_search"]``
-        (``.table()``, ``.plot()``).
+        kNN graph (G + G^T) / 2, the mutual kNN graph, or kNN with self-tuning RBF weights (each point's scale
+        its distance to its 7th neighbour; the default: the best fixed graph on the tuning half of
+        docs/selection.md; needs at least 8 points); "precomputed": X is a symmetric non-negative affinity
+        matrix (dense or scipy/cupyx sparse; ``predict`` needs X). "search": the family and n_neighbors chosen
+        together without labels (the default graph unless another of at most k large components has a spectral
+        gap ratio lambda_{k+1} / lambda_k over 1.5 times its own, :mod:`kkmgpu.methods.graph_search`); the
+        evidence is ``result.method_params["graph_search"]`` (``.table()``, ``.plot()``).
     n_neighbors : int or "search", default=10
-        Graph objectives: neighbours per point (scikit-learn's SpectralClustering default). "search" fits
-        with each of 5, 7, 10, 15, 20, 30, 50 (below n) and keeps the clustering of lowest c-NNC
-        (:func:`kkmgpu.metrics.cnnc`, the Off-the-grid criterion); the scores are in
-        ``result.method_params["n_neighbors_search"]``.
+        Graph objectives: neighbours per point (scikit-learn's SpectralClustering default). "search" scores
+        the affinity's graphs with 5, 7, 10, 15, 20 and 30 neighbours (below n) by the same spectral gap ratio
+        and fits the largest (no prior); the evidence is ``result.method_params["graph_search"]``.
     graph_shift : float or "auto", default="auto"
         Graph objectives: sigma of the graph kernel. "auto": the smallest one making it positive
         semi-definite (plus 1%), so that the objective never rises between iterations.
@@ -305,7 +305,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
                                     n_init=n_init, max_iter=max_iter, tol=tol, random_state=random_state,
                                     verbose=verbose, keep_on_device=keep_on_device, progress=progress,
                                     gemm_precision=gemm_precision)
-    if (affinity, n_neighbors, graph_shift) != ("knn", graphcut.DEFAULT_N_NEIGHBORS, "auto"):
+    if (affinity, n_neighbors, graph_shift) != (graphcut.DEFAULT_AFFINITY, graphcut.DEFAULT_N_NEIGHBORS, "auto"):
         raise ValueError("affinity, n_neighbors and graph_shift belong to the graph objectives; pass "
                          "objective='ncut' or 'ratio_association' to use them.")
     if isinstance(init, str) and init == "spectral":

@@ -142,7 +142,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
                  n_samples_per_cluster=None, window=None, theta=None, rcond=None, exact_objective=False,
                  n_components=None, engine="auto", gemm_precision=DEFAULT_PRECISION, trim_vote_fraction=None,
                  trim_slack=None, trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform",
-                 objective="kernel_kmeans", affinity="knn", n_neighbors=10, graph_shift="auto", progress=False,
+                 objective="kernel_kmeans", affinity="self_tuning", n_neighbors=10, graph_shift="auto", progress=False,
                  tf32=None):
         self.n_clusters = n_clusters
         self.kernel = kernel

@@ -354,7 +354,7 @@ def test_a_positive_normalized_cut_is_reported_as_it_is():
     """Overlapping blobs: 0 < ncut < 1. The reported objective is the float64 cut of the labels, a float; the
     history ends at it and every restart's value is a cut (> 0 here): only values in [-bound, 0) are rounding."""
     X, _ = make_blobs(150, centers=3, cluster_std=2.0, random_state=5)
-    result = kkmgpu.fit(X, 3, objective="ncut", device="cpu", random_state=0, n_init=3)
+    result = kkmgpu.fit(X, 3, objective="ncut", affinity="knn", device="cpu", random_state=0, n_init=3)
     A = knn_affinity(X, 10)
     labels = result.labels
     cut = sum(A[np.ix_(labels == c, labels != c)].sum() / A[labels == c].sum() for c in range(3))
@@ -366,9 +366,9 @@ def test_a_positive_normalized_cut_is_reported_as_it_is():
 
 @pytest.mark.parametrize("n", [3, 4, 7, 8])
 def test_neighbour_search_fits_the_grid_below_n_from_one_neighbour_search(n, monkeypatch, capsys):
-    """n_neighbors="search" fits each of 5, 7, 10, 15, 20, 30, 50 up to n - 1 (n - 1 alone for 3 to 6 points),
-    with the neighbours searched once, for the largest value; verbose says each value's c-NNC;
-    timings["n_neighbors_search"] spans the whole search, every fit's timings["total"] within it."""
+    """n_neighbors="search" scores each of 5, 7, 10, 15, 20, 30 up to n - 1 (n - 1 alone for 3 to 6 points), with
+    the neighbours searched once, for the largest value; verbose says each graph's ratio;
+    timings["graph_search"] spans the whole search, the fit's timings["total"] within it."""
     from kkmgpu.kernels import graphs
     import time
 
@@ -377,21 +377,21 @@ def test_neighbour_search_fits_the_grid_below_n_from_one_neighbour_search(n, mon
                         lambda A, m, *args, **kwargs: searched.append(m) or search(A, m, *args, **kwargs))
     X = np.random.default_rng(n).normal(size=(n, 2))
     start = time.perf_counter()
-    result = kkmgpu.fit(X, 2, objective="ncut", n_neighbors="search", device="cpu", random_state=0, n_init=1,
-                        verbose=True)
+    result = kkmgpu.fit(X, 2, objective="ncut", affinity="knn", n_neighbors="search", device="cpu", random_state=0,
+                        n_init=1, verbose=True)
     wall = time.perf_counter() - start
-    rows = result.method_params["n_neighbors_search"]
-    grid = [v for v in (5, 7, 10, 15, 20, 30, 50) if v <= n - 1] or [n - 1]
-    assert [row[0] for row in rows] == grid
+    rows = result.method_params["graph_search"].candidates
+    grid = [v for v in (5, 7, 10, 15, 20, 30) if v <= n - 1] or [n - 1]
+    assert [(row.affinity, row.n_neighbors) for row in rows] == [("knn", m) for m in grid]
     assert searched == [grid[-1]]
-    said = [line for line in capsys.readouterr().out.splitlines() if "c-NNC" in line]
-    assert len(said) == len(grid) and all(f"n_neighbors={row[0]}:" in line for line, row in zip(said, rows))
-    assert result.timings["total"] <= result.timings["n_neighbors_search"] <= wall
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[kkmgpu] affinity=")]
+    assert len(said) == len(grid) and all(f"n_neighbors={row.n_neighbors}:" in line for line, row in zip(said, rows))
+    assert result.timings["total"] <= result.timings["graph_search"] <= wall
 
 
 def test_neighbour_search_needs_three_points():
     with pytest.raises(ValueError, match="n_neighbors='search' needs at least 3 samples; got 2"):
-        kkmgpu.fit(np.eye(2), 2, objective="ncut", n_neighbors="search", device="cpu")
+        kkmgpu.fit(np.eye(2), 2, objective="ncut", affinity="knn", n_neighbors="search", device="cpu")
 
 
 @pytest.mark.parametrize("device", CPU_AND_GPU)
@@ -400,7 +400,7 @@ def test_neighbour_search_runs_on_the_fits_features_on_the_device_asked_and_repe
     where float64 ones do not, so their graphs differ. The search's result, on the device asked (a CuPy input with
     device="auto" on a GPU), reports the normalized cut of its labels on the kNN graph of the float32 features
     (float64 distances of their values) for its n_neighbors; the same seed gives the same search, another seed
-    another one (random starts)."""
+    the same evidence (the criterion does not depend on the starts)."""
     from kkmgpu.backend.device import resolve_device
 
     device = _use(device)
@@ -408,11 +408,14 @@ def test_neighbour_search_runs_on_the_fits_features_on_the_device_asked_and_repe
     X = np.stack(np.meshgrid(np.arange(3.0), np.arange(4.0)), -1).reshape(-1, 2)[rng.permutation(12)]
     X += 1e-9 * rng.normal(size=X.shape)
     data = X if device == "cpu" else resolve_device("cuda").asarray(X)
-    runs = [kkmgpu.fit(data, 2, objective="ncut", n_neighbors="search", device="cpu" if device == "cpu" else "auto",
-                       random_state=seed, init="random", n_init=1) for seed in (0, 0, 1)]
+    runs = [kkmgpu.fit(data, 2, objective="ncut", affinity="knn", n_neighbors="search",
+                       device="cpu" if device == "cpu" else "auto", random_state=seed, init="random", n_init=1)
+            for seed in (0, 0, 1)]
     assert runs[0].device.startswith(device)
-    rows = [run.method_params["n_neighbors_search"] for run in runs]
-    assert rows[1] == rows[0] != rows[2]
+    rows = [[(c.n_neighbors, c.components, c.eligible) for c in run.method_params["graph_search"].candidates]
+            for run in runs]
+    assert rows[1] == rows[0] == rows[2]
+    assert runs[1].method_params["graph_search"] == runs[0].method_params["graph_search"]
     np.testing.assert_array_equal(_host(runs[1].labels), _host(runs[0].labels))
     value, labels = runs[0].method_params["n_neighbors"], _host(runs[0].labels)
     A = knn_affinity((X - X.mean(axis=0)).astype(np.float32).astype(np.float64), value)

@@ -56,7 +56,11 @@ def test_each_candidate_scores_its_graph_and_the_largest_eligible_ratio_is_chose
         else:
             assert math.isnan(c.ratio)
     eligible = [c for c in search.candidates if c.eligible]
-    assert eligible and search.chosen == max(eligible, key=lambda c: c.ratio)
+    best = max(eligible, key=lambda c: c.ratio)
+    prior = [c for c in eligible if (c.affinity, c.n_neighbors) == graph_search.PRIOR]
+    assert search.prior == graph_search.PRIOR == ("self_tuning", 10)
+    # the default graph unless it is not eligible or another ratio is more than 1.5 times its own
+    assert search.chosen == (prior[0] if prior and not best.ratio > 1.5 * prior[0].ratio else best)
     # the fit is the fixed call on the chosen graph (same seed stream: the search draws before it)
     assert (result.method_params["affinity"], result.method_params["n_neighbors"]) == (
         search.chosen.affinity, search.chosen.n_neighbors)
@@ -77,6 +81,26 @@ def test_choose_prefers_eligible_then_fewest_components():
     assert graph_search.choose([a, b, c, d]) == c
     e = C("mutual_knn", 7, 4, 2, False, math.nan, math.nan, math.nan)
     assert graph_search.choose([d, e]) == e  # none eligible: the fewest components
+
+
+def test_the_prior_is_kept_unless_beaten_by_more_than_the_factor():
+    """affinity="search" keeps its prior (the default graph) unless another eligible ratio is more than
+    PRIOR_FACTOR (1.5) times the prior's; an ineligible prior, or one with no candidate, does not count."""
+    C, f = graph_search.Candidate, graph_search.PRIOR_FACTOR
+    p = C("self_tuning", 10, 1, 100, True, 0.02, 0.04, 2.0)
+    close = C("knn", 5, 1, 100, True, 0.01, 0.02 * f, 2.0 * f)          # exactly 1.5 times: not more
+    beyond = C("knn", 20, 1, 100, True, 0.01, 0.02 * f + 1e-6, 2.0 * f + 1e-4)
+    split = C("mutual_knn", 5, 2, 50, True, 0.0, 0.05, math.inf)
+    prior = ("self_tuning", 10)
+    assert graph_search.choose([close, p], prior) == p
+    assert graph_search.choose([close, p]) == close                      # no prior: the largest ratio
+    assert graph_search.choose([close, p, beyond], prior) == beyond
+    assert graph_search.choose([p, split], prior) == split               # k well-sized components beat any ratio
+    kept_split = C("self_tuning", 10, 2, 50, True, 0.0, 0.05, math.inf)
+    assert graph_search.choose([kept_split, split], prior) == kept_split  # inf is not beaten
+    ineligible = C("self_tuning", 10, 5, 3, False, math.nan, math.nan, math.nan)
+    assert graph_search.choose([ineligible, close], prior) == close
+    assert graph_search.choose([close, beyond], prior) == beyond          # the prior is not a candidate
 
 
 def test_outliers_cut_off_by_a_sparse_graph_do_not_win(device):

@@ -64,8 +64,8 @@ def test_lloyd_steps_are_weighted_kernel_kmeans_on_the_graph_kernel(device, obje
     X, _ = blobs(160, 3, 4, int(rng.integers(1 << 30)), spread=2.0)
     A, _ = dense_knn(X, 8)
     init = random_partition(160, 4, int(rng.integers(1 << 30)))
-    result = kkmgpu.fit(X, 4, objective=objective, n_neighbors=8, init=init, graph_shift=0.5, device=device,
-                        dtype="float64", tol=0)
+    result = kkmgpu.fit(X, 4, objective=objective, affinity="knn", n_neighbors=8, init=init, graph_shift=0.5,
+                        device=device, dtype="float64", tol=0)
     K, w = graph_kernel(A, objective, 0.5)
     ref = reference_kernel_kmeans(K, init, 4, sample_weight=w)
     np.testing.assert_array_equal(result.labels, ref.labels)
@@ -98,7 +98,7 @@ def test_auto_shift_is_positive_semidefinite_and_the_objective_never_rises(affin
 
 def test_reported_objective_is_the_normalized_cut_of_the_labels(device, rng):
     X, _ = blobs(200, 4, 3, int(rng.integers(1 << 30)))
-    result = kkmgpu.fit(X, 3, objective="ncut", n_neighbors=9, device=device, random_state=0)
+    result = kkmgpu.fit(X, 3, objective="ncut", affinity="knn", n_neighbors=9, device=device, random_state=0)
     A, _ = dense_knn(X, 9)
     assert result.objective == pytest.approx(reference_ncut(A, np.asarray(result.labels), 3), rel=1e-9, abs=1e-12)
     assert result.objective_history[-1] == pytest.approx(result.objective, rel=1e-4, abs=1e-6)  # float32 K
@@ -151,7 +151,8 @@ def test_spectral_embedding_is_the_top_eigenvectors_of_the_normalised_graph(devi
 
 def test_precomputed_affinity_gives_the_fit_from_X(rng):
     X, _ = blobs(180, 3, 3, int(rng.integers(1 << 30)))
-    from_X = kkmgpu.fit(X, 3, objective="ncut", n_neighbors=7, device="cpu", dtype="float64", random_state=4)
+    from_X = kkmgpu.fit(X, 3, objective="ncut", affinity="knn", n_neighbors=7, device="cpu", dtype="float64",
+                        random_state=4)
     A, _ = dense_knn(X, 7)
     for given in (A, sp.csr_matrix(A)):
         pre = kkmgpu.fit(given, 3, objective="ncut", affinity="precomputed", device="cpu", dtype="float64",
@@ -241,14 +242,29 @@ def test_mutual_and_self_tuning_predict_agree_with_the_fit_on_training_points(rn
         assert np.mean(kkmgpu.predict(result, moved) == result.labels) > 0.97
 
 
-def test_neighbour_search_keeps_the_lowest_cnnc(rng):
+def test_neighbour_search_keeps_the_largest_spectral_gap_ratio(rng):
+    """n_neighbors="search" scores the default family's graphs with 5 ... 30 neighbours by lambda_{k+1} / lambda_k
+    of their normalised Laplacians (each against a dense float64 eigendecomposition of the graph the fit would
+    build) and fits the eligible one of largest ratio, with no prior."""
+    from kkmgpu.methods.graph_search import GraphSearch
+
     X, y = blobs(150, 2, 3, int(rng.integers(1 << 30)), spread=3.0)
     result = kkmgpu.fit(X, 3, objective="ncut", n_neighbors="search", device="cpu", random_state=0)
-    rows = result.method_params["n_neighbors_search"]
-    assert [r[0] for r in rows] == [5, 7, 10, 15, 20, 30, 50]
-    best = min(rows, key=lambda r: r[1])
-    assert result.method_params["n_neighbors"] == best[0] and result.method_params["cnnc"] == best[1]
-    assert kkmgpu.metrics.cnnc(X, result.labels, 3, device="cpu") == pytest.approx(best[1], rel=1e-12)
+    search = result.method_params["graph_search"]
+    assert isinstance(search, GraphSearch) and search.prior is None
+    assert [(c.affinity, c.n_neighbors) for c in search.candidates] == [("self_tuning", m)
+                                                                       for m in (5, 7, 10, 15, 20, 30)]
+    for c in search.candidates:
+        single = kkmgpu.fit(X, 3, objective="ncut", n_neighbors=c.n_neighbors, device="cpu", random_state=0,
+                            n_init=1)
+        A = single._graph_state.graph.graph.toarray().astype(np.float64)
+        d = A.sum(axis=1)
+        lam = np.sort(1 - np.linalg.eigvalsh(A / np.sqrt(np.outer(d, d))))
+        if c.eligible:
+            assert c.ratio == pytest.approx(lam[3] / lam[2], rel=1e-4)
+    best = max((c for c in search.candidates if c.eligible), key=lambda c: c.ratio)
+    assert search.chosen == best and result.method_params["n_neighbors"] == best.n_neighbors
+    assert result.kernel_params == {"affinity": "self_tuning", "n_neighbors": best.n_neighbors}
 
 
 def test_estimator_and_cli(tmp_path, capsys):
@@ -676,7 +692,7 @@ def test_tol_reaches_the_refinement(device, rng):
     K, w = graph_kernel(A, "ncut", 0.5)
     ref = reference_kernel_kmeans(K, init, 4, sample_weight=w)
     assert ref.n_iter > 2
-    result = kkmgpu.fit(X, 4, objective="ncut", n_neighbors=8, init=init, graph_shift=0.5, device=device,
-                        dtype="float64", tol=1e9)
+    result = kkmgpu.fit(X, 4, objective="ncut", affinity="knn", n_neighbors=8, init=init, graph_shift=0.5,
+                        device=device, dtype="float64", tol=1e9)
     assert result.n_iter == 1
     np.testing.assert_array_equal(result.labels, ref.history_labels[1])

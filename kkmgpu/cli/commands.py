@@ -144,13 +144,13 @@ def _build_parser():
     fit.add_argument("--objective", choices=("kernel_kmeans", "ncut", "ratio_association"), default="kernel_kmeans",
                      help="what is minimised: kernel k-means (default), or the normalized cut / ratio association of "
                           "a nearest-neighbour graph of the points (clusters of any shape; --kernel/--gamma unused)")
-    fit.add_argument("--affinity", choices=("knn", "mutual_knn", "self_tuning", "search"), default="knn",
-                     help="ncut / ratio_association: the graph (default: knn, the symmetric kNN graph); search: the "
-                          "family and --n-neighbors chosen together without labels, each candidate's criterion "
-                          "printed as a table")
+    fit.add_argument("--affinity", choices=("knn", "mutual_knn", "self_tuning", "search"), default="self_tuning",
+                     help="ncut / ratio_association: the graph (default: self_tuning, kNN with self-tuning RBF "
+                          "weights; knn: the symmetric kNN graph); search: the family and --n-neighbors chosen "
+                          "together without labels, each candidate's criterion printed as a table")
     fit.add_argument("--n-neighbors", type=int_or_search, default=10, metavar="N",
-                     help='ncut / ratio_association: neighbours per point, or "search" (lowest c-NNC of 5 ... 50; '
-                          "default: 10)")
+                     help='ncut / ratio_association: neighbours per point, or "search" (the largest spectral gap '
+                          "ratio of 5 ... 30, each candidate printed as a table; default: 10)")
     fit.add_argument("--samples-per-cluster", type=int, default=None, metavar="L",
                      help="cats: points sampled per cluster and iteration (default: ceil(sqrt(n / k)))")
     fit.add_argument("--labels-last-column", action=argparse.BooleanOptionalAction, default=None,
@@ -279,8 +279,7 @@ def _run_fit(args):
              result.objective_name, "")),
         *([("graph", f"{result.method_params['affinity']}, {result.method_params['n_neighbors']} neighbours, "
                      f"{result.method_params['nnz']} edges, {result.timings['graph']:.3f} s" + (
-                         f" (n_neighbors searched by c-NNC: best {result.method_params['cnnc']:.4f})"
-                         if "n_neighbors_search" in result.method_params else ""))]
+                         " (searched: table below)" if "graph_search" in result.method_params else ""))]
           if result.objective_name != "kernel_kmeans" else []),
         *([("landmarks", f"{result.method_params['n_landmarks']} ({result.method_params['landmarks']}), Nystrom "
                          f"features of rank {result.method_params['n_components_used']}, "

@@ -13,10 +13,17 @@ A graph is **eligible** only if it has at most k connected components, each hold
 has lambda_k = 0 and wins with an infinite ratio, and its cut (0) puts those few points in clusters of their own.
 Where no candidate is eligible, the one with the fewest components is taken (the first of equal ones).
 
-The rule (ratio, the component guard and its share 0.1, the grid) was chosen on the **tuning half** of
-``bench/bench_selection.py`` only: mean NMI 0.729 there (0.736 with the sizes 5, 7, 10, 15, 20 and 30, at twice
-the cost) against 0.723 for the best single fixed graph (self_tuning, 10 neighbours) and 0.711 for knn with 10
-(exact eigenvalues, one seed); the validation half's figures are in docs/selection.md.
+``affinity="search"`` keeps the **default graph** (:data:`PRIOR`, ``objective="ncut"``'s default) unless it is not
+eligible or another candidate's ratio is more than :data:`PRIOR_FACTOR` times its own: the search changes the
+graph only on clear spectral evidence. ``n_neighbors="search"`` (one family, the sizes of
+``graphcut.NEIGHBOR_GRID``) takes the candidate of largest ratio.
+
+The rules (ratio, the component guard and its share 0.1, the grids, the prior and its factor) were chosen on the
+**tuning half** of ``bench/bench_selection.py`` only (exact eigenvalues, one seed; docs/selection.md, rounds 1
+and 2): ``affinity="search"`` 0.733 there (the ratio alone 0.729) against 0.723 for the best single fixed graph
+(self_tuning, 10 neighbours, the default) and 0.711 for knn with 10; ``n_neighbors="search"`` by the ratio over
+5 ... 30 neighbours 0.716 / 0.683 / 0.716 (knn / mutual_knn / self_tuning) against c-NNC's 0.601 / 0.651 / 0.606.
+The validation half's figures are in docs/selection.md.
 """
 
 from __future__ import annotations
@@ -40,6 +47,10 @@ FAMILIES = _graphs.GRAPHS
 GRID = (5, 10, 20)
 #: an eligible graph's components each hold at least this share of n / k points
 MIN_COMPONENT_SHARE = 0.1
+#: ``affinity="search"`` keeps this graph (the default of ``objective="ncut"``) unless another's ratio is more than
+#: PRIOR_FACTOR times its own (tuning half: 0.733 for factors 1.5 and above, 0.729 for 1.0, 0.730 for 1.2)
+PRIOR = ("self_tuning", 10)
+PRIOR_FACTOR = 1.5
 CRITERION = "lambda_{k+1} / lambda_k of the normalised Laplacian (larger is better)"
 
 
@@ -64,6 +75,7 @@ class GraphSearch:
     candidates: tuple
     chosen: Candidate
     criterion: str = CRITERION
+    prior: tuple | None = None     # (affinity, n_neighbors) kept unless PRIOR_FACTOR times beaten; None: no prior
 
     def table(self) -> str:
         """The candidates as a plain-text table, the chosen one marked with '*'."""
@@ -75,6 +87,9 @@ class GraphSearch:
                          f"{c.lambda_k1:>10.4g} {c.ratio:>9.4g}")
         lines.append(f"criterion: {self.criterion}; '-': not eligible (more than k components, or one below "
                      f"{MIN_COMPONENT_SHARE:g} n / k points)")
+        if self.prior is not None:
+            lines.append(f"kept unless beaten by a factor of more than {PRIOR_FACTOR:g}: {self.prior[0]} with "
+                         f"n_neighbors={self.prior[1]}")
         return "\n".join(lines)
 
     def plot(self, ax=None):
@@ -114,19 +129,26 @@ def score(A, k, backend, rng, affinity, n_neighbors) -> Candidate:
     return Candidate(affinity, int(n_neighbors), count, smallest, bool(eligible), lam_k, lam_k1, ratio)
 
 
-def choose(candidates) -> Candidate:
-    """The eligible candidate of largest ratio; else the one of fewest components (the first of equal ones)."""
+def choose(candidates, prior=None) -> Candidate:
+    """The eligible candidate of largest ratio; else the one of fewest components (the first of equal ones). With
+    ``prior`` (affinity, n_neighbors): that candidate where it is eligible and no ratio is more than PRIOR_FACTOR
+    times its own."""
     eligible = [c for c in candidates if c.eligible and not math.isnan(c.ratio)]
-    if eligible:
-        return max(eligible, key=lambda c: c.ratio)
-    return min(candidates, key=lambda c: c.components)
+    if not eligible:
+        return min(candidates, key=lambda c: c.components)
+    best = max(eligible, key=lambda c: c.ratio)
+    kept = [c for c in eligible if (c.affinity, c.n_neighbors) == tuple(prior or ())]
+    if kept and not best.ratio > PRIOR_FACTOR * kept[0].ratio:   # inf > 1.5 inf is False: a prior with k parts stays
+        return kept[0]
+    return best
 
 
-def search_affinity(X, k, *, random_state, device, fit, families=FAMILIES, grid=GRID, **kwargs):
-    """``affinity="search"``: score every graph of ``families`` x ``grid`` (sizes below n), then :func:`fit` on the
-    chosen one. The neighbours are searched once, for the largest size (and the self-tuning scale), and every
-    graph takes its own from them. The evidence is ``method_params["graph_search"]`` (a :class:`GraphSearch`),
-    the time ``timings["graph_search"]``."""
+def search_affinity(X, k, *, random_state, device, fit, families=FAMILIES, grid=GRID, prior=PRIOR, **kwargs):
+    """``affinity="search"`` (and, with one family, no prior and ``graphcut.NEIGHBOR_GRID``,
+    ``n_neighbors="search"``): score every graph of ``families`` x ``grid`` (sizes below n), then :func:`fit` on
+    the one :func:`choose` picks. The neighbours are searched once, for the largest size (and the self-tuning
+    scale), and every graph takes its own from them. The evidence is ``method_params["graph_search"]`` (a
+    :class:`GraphSearch`), the time ``timings["graph_search"]``."""
     t0 = time.perf_counter()
     backend = resolve_device(device, (X,))
     with backend.activate():
@@ -134,7 +156,8 @@ def search_affinity(X, k, *, random_state, device, fit, families=FAMILIES, grid=
         n = Xd.shape[0]
         k = _validation.check_k(k, n)
         if n < 3:
-            raise ValueError(f"affinity='search' needs at least 3 samples; got {n}.")
+            what = "affinity='search'" if len(families) > 1 else "n_neighbors='search'"
+            raise ValueError(f"{what} needs at least 3 samples; got {n}.")
         sizes = [m for m in grid if m <= n - 1] or [n - 1]
         families = [f for f in families if f != "self_tuning" or n > _graphs.SCALE_NEIGHBOR]
         reach = min(max(sizes[-1], _graphs.SCALE_NEIGHBOR if "self_tuning" in families else 1), n - 1)
@@ -153,8 +176,9 @@ def search_affinity(X, k, *, random_state, device, fit, families=FAMILIES, grid=
                 c = candidates[-1]
                 print(f"[kkmgpu] affinity={family} n_neighbors={m}: {c.components} component(s), "
                       f"ratio {c.ratio:.4g}" + ("" if c.eligible else " (not eligible)"))
-    chosen = choose(candidates)
-    evidence = GraphSearch(tuple(candidates), chosen)
+    prior = prior if prior is not None and any((c.affinity, c.n_neighbors) == prior for c in candidates) else None
+    chosen = choose(candidates, prior)
+    evidence = GraphSearch(tuple(candidates), chosen, prior=prior)
     kwargs = dict(kwargs, affinity=chosen.affinity)
     result = fit(X, k, n_neighbors=chosen.n_neighbors, random_state=rng, device=backend.name, neighbors=neighbors,
                  **kwargs)

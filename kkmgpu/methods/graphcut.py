@@ -53,10 +53,12 @@ from kkmgpu.methods.graph_spectral import psd_shift, spectral_embedding  # noqa:
 OBJECTIVES = ("kernel_kmeans", "ncut", "ratio_association")
 GRAPH_OBJECTIVES = ("ncut", "ratio_association")
 AFFINITIES = (*_graphs.GRAPHS, "precomputed")
-#: scikit-learn's SpectralClustering default, and a good one on the sets of docs/graphs.md
+#: the default graph of the graph objectives: self-tuning (Zelnik-Manor and Perona) with 10 neighbours, the best
+#: single fixed graph on the tuning half of bench/bench_selection.py (docs/selection.md, round 2)
+DEFAULT_AFFINITY = "self_tuning"
 DEFAULT_N_NEIGHBORS = 10
-#: ``n_neighbors="search"`` tries these (those below n), keeping the clustering of lowest c-NNC
-NEIGHBOR_GRID = (5, 7, 10, 15, 20, 30, 50)
+#: ``n_neighbors="search"`` tries these (those below n) in the given family: the sizes its rule was chosen on
+NEIGHBOR_GRID = (5, 7, 10, 15, 20, 30)
 
 
 @dataclass
@@ -367,37 +369,13 @@ def _say_again(caught, Xd, labels, weights_h, k, backend):
 
 
 def search_neighbors(X, k, *, random_state, device, **kwargs):
-    """``n_neighbors="search"``: :func:`fit` with every value of NEIGHBOR_GRID below n; the clustering of lowest
-    c-NNC (:class:`kkmgpu.metrics.cnnc.CnncScorer` on X, the neighbour order computed once) is returned, with
-    the scores in ``method_params["n_neighbors_search"]`` as (n_neighbors, c-NNC, objective) rows. The nearest
-    neighbours are searched once, for the largest value, and every graph takes its own from them."""
-    from kkmgpu.metrics.cnnc import CnncScorer
+    """``n_neighbors="search"``: every size of NEIGHBOR_GRID below n in the given family, scored by the spectral
+    gap ratio of :mod:`kkmgpu.methods.graph_search` (no prior), then :func:`fit` on the one chosen; the evidence is
+    ``method_params["graph_search"]``. The nearest neighbours are searched once, for the largest size."""
+    from kkmgpu.methods.graph_search import search_affinity
 
-    t0 = time.perf_counter()
-    backend = resolve_device(device, (X,))
-    with backend.activate():
-        Xd = _validation.check_data(X, backend)
-        n = Xd.shape[0]
-        if n < 3:
-            raise ValueError(f"n_neighbors='search' needs at least 3 samples; got {n}.")
-        scorer = CnncScorer(Xd, backend)
-        grid = [v for v in NEIGHBOR_GRID if v <= n - 1] or [n - 1]
-        reach = max(grid[-1], _graphs.SCALE_NEIGHBOR if kwargs["affinity"] == "self_tuning" else 1)
-        neighbors = _graphs.nearest_neighbors(graph_features(Xd, kwargs["dtype"], backend)[1], min(reach, n - 1),
-                                              backend, kwargs.get("gemm_precision", _gemm.DEFAULT_PRECISION))
-    rng = _validation.make_rng(random_state)
-    rows, best, best_score = [], None, math.inf
-    for value in grid:
-        result = fit(X, k, n_neighbors=value, random_state=rng, device=backend.name, neighbors=neighbors, **kwargs)
-        score = scorer(result.labels if not backend.is_gpu else backend.to_host(result.labels), k)
-        rows.append((value, score, result.objective))
-        if kwargs.get("verbose"):
-            print(f"[kkmgpu] n_neighbors={value}: c-NNC {score:.5f}, {result.objective_name} {result.objective:.6g}")
-        if score < best_score:
-            best, best_score = result, score
-    params = dict(best.method_params, n_neighbors_search=rows, cnnc=best_score)
-    timings = dict(best.timings, n_neighbors_search=time.perf_counter() - t0)
-    return dataclasses.replace(best, method_params=params, timings=timings)
+    return search_affinity(X, k, random_state=random_state, device=device, fit=fit, families=(kwargs["affinity"],),
+                           grid=NEIGHBOR_GRID, prior=None, **kwargs)
 
 
 # --- predict ---------------------------------------------------------------------------------------------------
