@@ -18,7 +18,7 @@ from kkmgpu.backend.device import memory_situation, resolve_device
 from kkmgpu.engine import sparse as _sparse
 from kkmgpu.methods import registry as _methods
 from kkmgpu.methods import exact, cats, eigen, trimmed, approx  # noqa: F401  (each registers itself, in this order)
-from kkmgpu.methods import graphcut
+from kkmgpu.methods import graphcut, landmark_cut
 from kkmgpu._progress import check_progress, scope as progress_scope
 from kkmgpu._result import KernelKMeansResult, in_user_units
 from kkmgpu import _gamma_search
@@ -99,7 +99,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         exact_objective=False, n_components=None, engine="auto", gemm_precision=DEFAULT_PRECISION,
         trim_vote_fraction=None, trim_slack=None, trim_h=None, trim_max_size=None, n_landmarks=None,
         landmarks="uniform", objective="kernel_kmeans", affinity=graphcut.DEFAULT_AFFINITY,
-        n_neighbors=graphcut.DEFAULT_N_NEIGHBORS, graph_shift="auto", progress=False, tf32=None) -> KernelKMeansResult:
+        n_neighbors=graphcut.DEFAULT_N_NEIGHBORS, graph_shift="auto", progress=False, tf32=None,
+        landmark_neighbors=None) -> KernelKMeansResult:
     """Cluster the rows of X into k clusters with kernel k-means.
 
     Lloyd iterations on the kernel matrix (papers' Eq. 3-4): every point moves to the cluster whose
@@ -132,7 +133,7 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         Constant of the polynomial and sigmoid kernels (default 1).
     kernel_params : dict, optional
         Keyword arguments of a callable kernel.
-    method : {"exact", "cats", "eigen", "trimmed", "approx"}, default="exact"
+    method : {"exact", "cats", "eigen", "trimmed", "approx", "landmark"}, default="exact"
         "exact" holds the dense n x n kernel matrix on the device. "cats" (Centroid Approximation
         Through Sampling, papers/cats-centroid-approximation.txt) approximates each centroid by the
         best combination of ``n_samples_per_cluster`` sampled members and never forms the n x n
@@ -149,6 +150,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         (approximate kernel k-means, Chitta et al. 2011) restricts the centres to the span of
         ``n_landmarks`` sampled points: k-means on their Nystrom features K_B K_BB^(-1/2), O(n m) memory,
         no n x n matrix; ``result.objective`` is its approximate objective (an upper bound of the exact one).
+        "landmark" (objective="ncut"): the cut through ``n_landmarks`` (default 1000) k-means representatives,
+        O(n (d + r)) memory, no n x n work (:mod:`kkmgpu.methods.landmark_cut`; docs/graphs.md, "Landmark route").
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
         "auto" takes the GPU when CuPy and a device are usable, else the CPU.
         ``KKMGPU_DEVICE=cpu`` in the environment forces the CPU.
@@ -269,6 +272,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     graph_shift : float or "auto", default="auto"
         Graph objectives: sigma of the graph kernel. "auto": the smallest one making it positive
         semi-definite (plus 1%), so that the objective never rises between iterations.
+    landmark_neighbors : int, optional
+        method="landmark": the r nearest landmarks each point links to, 1 <= r <= n_landmarks (default 5).
 
     Returns
     -------
@@ -298,6 +303,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     objective = graphcut.check_objective(objective)
     if isinstance(init, str) and init == "auto":
         init = "spectral" if objective in graphcut.GRAPH_OBJECTIVES else "k-means++"
+    if landmark_cut.routed(method, objective, n_landmarks, landmark_neighbors):  # ncut through landmarks (issue 29)
+        return landmark_cut.fit(X, k, fit=fit, **{p: v for p, v in locals().items() if p in landmark_cut.FIT_ARGS})
     if objective in graphcut.GRAPH_OBJECTIVES:
         return graphcut.checked_fit(X, k, fit_exact=fit, objective=objective, affinity=affinity, n_neighbors=n_neighbors,
                                     graph_shift=graph_shift, kernel=kernel, gamma=gamma, method=method,
@@ -452,6 +459,8 @@ def predict(result: KernelKMeansResult, X_new, *, batch_size=None):
         raise TypeError(f"result must be a KernelKMeansResult from kkmgpu.fit; got {type(result).__name__}.")
     if batch_size is not None:
         batch_size = _validation.check_int(batch_size, "batch_size", minimum=1)
+    if result.method == "landmark":  # the normalized cut through landmarks: the new points' bipartite rows
+        return landmark_cut.checked_predict(result, X_new, batch_size)
     if result._graph_state is not None:  # a graph objective: new points' affinities to the training points
         backend = resolve_device(result.device)
         with backend.activate():

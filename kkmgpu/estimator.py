@@ -143,7 +143,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
                  n_components=None, engine="auto", gemm_precision=DEFAULT_PRECISION, trim_vote_fraction=None,
                  trim_slack=None, trim_h=None, trim_max_size=None, n_landmarks=None, landmarks="uniform",
                  objective="kernel_kmeans", affinity="self_tuning", n_neighbors=10, graph_shift="auto", progress=False,
-                 tf32=None):
+                 tf32=None, landmark_neighbors=None):
         self.n_clusters = n_clusters
         self.kernel = kernel
         self.gamma = gamma
@@ -180,6 +180,7 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         self.affinity = affinity
         self.n_neighbors = n_neighbors
         self.graph_shift = graph_shift
+        self.landmark_neighbors = landmark_neighbors
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -297,6 +298,10 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
         check_is_fitted(self)
         X = self._check_X(X, reset=False)
         result = self.result_
+        if result.method == "landmark":  # the cut of X's rows on their own graph through the fit's landmarks
+            from kkmgpu.methods import landmark_cut
+
+            return -landmark_cut.score_rows(result, X, sample_weight)
         if result._graph_state is not None:
             return -_graph_objective_of_rows(result, X, sample_weight)
         if result.kernel == "precomputed":
