@@ -221,7 +221,9 @@ def test_ncut_fit_shows_one_bar(monkeypatch, device):
     bars = {line.split(":", 1)[0] for line in lines}
     starts = result.n_init
     assert starts >= 2  # several starts: the case of the issue
-    assert bars == {"ncut"}, lines
+    # the stages' nested bars (tests/test_graph_progress.py) print only where one outlasts the plain printer's
+    # interval (the emulated GPU's neighbour search); no bar per start
+    assert "ncut" in bars and bars <= {"ncut", "graph", "graph shift", "spectral start"}, lines
     assert lines[-1].startswith(f"ncut: {starts}/{starts} start (100%)")
 
 

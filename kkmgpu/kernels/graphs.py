@@ -75,12 +75,23 @@ class Graph:
 
 
 def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neighbor: int = SCALE_NEIGHBOR,
-                neighbors=None, precision: str = DEFAULT_PRECISION) -> Graph:
+                neighbors=None, precision: str = DEFAULT_PRECISION, progress: bool = False) -> Graph:
     """:func:`affinity_graph` with the neighbour radii and local scales that :func:`query_affinity` needs.
 
     ``neighbors``: (index, sq_dist) of :func:`nearest_neighbors` on the same A with at least the reach this graph
     needs (nearest first), so that graphs of several ``n_neighbors`` share one search. ``precision``: the GEMM
-    precision mode of the search (:func:`nearest_neighbors`; the neighbours are exact in every mode)."""
+    precision mode of the search (:func:`nearest_neighbors`; the neighbours are exact in every mode).
+    ``progress``: a bar over the two steps, the neighbour search and the affinities (:mod:`kkmgpu._progress`)."""
+    from kkmgpu._progress import progress_bar
+
+    with progress_bar(2, desc="graph", unit="step", enabled=progress) as bar:
+        reach = max(n_neighbors, scale_neighbor) if kind == "self_tuning" else n_neighbors
+        bar.set_postfix_str(f"{reach} nearest neighbours of {A.shape[0]} points" if neighbors is None
+                            else "neighbours given")
+        return _build(A, n_neighbors, kind, backend, scale_neighbor, neighbors, precision, bar)
+
+
+def _build(A, n_neighbors, kind, backend, scale_neighbor, neighbors, precision, bar) -> Graph:
     from kkmgpu.engine.sparse import sparse_module, symmetrise
 
     if kind not in GRAPHS:
@@ -100,6 +111,8 @@ def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neigh
         if index.shape != (n, index.shape[1]) or index.shape[1] < reach:
             raise ValueError(f"neighbors of shape {index.shape} do not hold the {reach} nearest of {n} points.")
         index, sq = index[:, :reach], sq[:, :reach]
+    bar.update()
+    bar.set_postfix_str(f"{kind} affinities")
     rows = xp.repeat(xp.arange(n, dtype=xp.int64), n_neighbors)
     cols = index[:, :n_neighbors].ravel()
     sigma = xp.sqrt(sq[:, scale_neighbor - 1]) if kind == "self_tuning" else None
@@ -129,6 +142,7 @@ def build_graph(A, n_neighbors: int, kind: str, backend: Backend, *, scale_neigh
         extra = sp.coo_matrix((weight, (alone, near)), shape=(n, n)).tocsr()    # one entry per row
         graph = graph.maximum(symmetrise(extra, backend, "maximum", f"the {kind} graph's added edges")).tocsr()
         graph.sort_indices()
+    bar.update()
     return Graph(graph=graph, kind=kind, n_neighbors=n_neighbors, radius_sq=sq[:, n_neighbors - 1].copy(),
                  sigma=sigma, scale_neighbor=scale_neighbor, precision=precision)
 

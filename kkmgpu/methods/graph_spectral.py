@@ -8,6 +8,7 @@ takes no ``rng`` (before 1.15), the spectral start takes LOBPCG instead, whose o
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 
@@ -19,6 +20,8 @@ from kkmgpu.engine import sparse as _sparse
 #: LOBPCG's tolerance and iteration cap for the spectral start
 EIGEN_TOL = 1e-5
 EIGEN_MAXITER = 500
+#: the relative objective change at which the spectral start's k-means of the embedding stops
+EMBEDDING_TOL = 1e-6
 
 
 def psd_shift(A, d, objective, backend, rng) -> float:
@@ -37,6 +40,30 @@ def psd_shift(A, d, objective, backend, rng) -> float:
             seeded = {"rng": restarts} if _arpack_takes_rng() else {}
         lam = float(eigsh(M, k=1, which="SA", v0=v0, tol=1e-6, return_eigenvectors=False, **seeded)[0])
     return max(0.0, -lam) * 1.01
+
+
+@contextlib.contextmanager
+def one_thread(backend):
+    """On the CPU, BLAS (threadpoolctl) and numba on one thread each within the block; a GPU: nothing changes.
+
+    The spectral start's k-means on the (n, k) embedding and the graph kernel's refinements are many short
+    products and numba kernels (an iteration is milliseconds at n = 5,000): two threads that meet at a barrier
+    on every call lose far more than they share on a machine whose cores are busy. On the 2-core reference machine
+    under load (31 Gaussian clusters, 3,100 points) the start took 14.6-18.5 s with two threads each and 1.2 s with
+    one; scikit-learn's KMeans limits its BLAS the same way."""
+    if backend.is_gpu:
+        yield
+        return
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    before = numba.get_num_threads()   # thread-local: the caller's own setting comes back
+    numba.set_num_threads(1)
+    try:
+        with threadpool_limits(1, user_api="blas"):
+            yield
+    finally:
+        numba.set_num_threads(before)
 
 
 def _restart_rng(rng):
@@ -66,7 +93,7 @@ def normalized(A, d, backend):
 
 
 
-def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MAXITER):
+def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MAXITER, bar=None, info=None):
     """(E, eigenvalues, iterations, solver): E = D^-1/2 V (n, k), V the top-k eigenvectors of D^-1/2 A D^-1/2.
 
     On the CPU by Lanczos (ARPACK's ``eigsh``, largest algebraic, random start vector): for a connected graph on
@@ -79,7 +106,8 @@ def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MA
     Both draw the same start block from ``rng``, so the k-means++ seeds after it are the same on both devices.
     On MNIST-70k's 10-neighbour graph (2-core CPU) eigsh takes 1.1 s against LOBPCG's 5.2 s (120 iterations),
     with the same eigenvalues to 8 digits. ``iterations``: LOBPCG's, or ARPACK's matrix-vector products;
-    ``solver``: "arpack", "lobpcg" or "dense" (small n).
+    ``solver``: "arpack", "lobpcg" or "dense" (small n). ``bar``: a progress bar whose text follows the components
+    solved; ``info``: a dict that receives the number of connected components (where they were counted, else 1).
     """
     xp = backend.xp
     n = A.shape[0]
@@ -94,11 +122,13 @@ def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MA
     V, solver = None, "arpack"
     if not backend.is_gpu and _arpack_takes_rng():
         count, component = _components(A)
+        if info is not None:
+            info["components"] = int(count)
         if count == 1:
             w, V, iterations = _arpack_top(N, k, X0[:, 0], tol=tol, maxiter=maxiter, rng=restarts)
         else:
             w, V, iterations = _top_by_components(N, component, count, k, X0[:, 0], tol=tol, maxiter=maxiter,
-                                                  rng=restarts)
+                                                  rng=restarts, bar=bar)
     if V is None:   # a GPU, or ARPACK did not converge
         X0[:, 0] = np.sqrt(backend.to_host(d))
         lobpcg = import_cupyx("scipy.sparse.linalg").lobpcg if backend.is_gpu else _scipy_lobpcg()
@@ -121,7 +151,7 @@ def _components(A):
 DENSE_COMPONENT = 64
 
 
-def _top_by_components(N, component, count, k, v0, *, tol, maxiter, rng):
+def _top_by_components(N, component, count, k, v0, *, tol, maxiter, rng, bar=None):
     """(w, V, matvecs) of the k largest eigenpairs of the block-diagonal N (one block per connected component;
     CPU): the union of the blocks' spectra, each block solved alone, by ARPACK (connected: a single-vector Krylov
     method is reliable there) or densely when small; every block has the eigenvalue 1 once, so a graph of c
@@ -145,6 +175,8 @@ def _top_by_components(N, component, count, k, v0, *, tol, maxiter, rng):
             matvecs += products
         values.extend((float(value), c, j) for j, value in enumerate(w))
         vectors.append((rows, V))
+        if bar is not None and (c + 1) % max(1, count // 10) == 0:
+            bar.set_postfix_str(f"component {c + 1}/{count}")
     top = sorted(values, key=lambda t: (-t[0], t[1], t[2]))[:k]
     w = np.array([t[0] for t in top])
     V = np.zeros((n, k))
@@ -187,22 +219,54 @@ def _scipy_lobpcg():
 
 
 
-def starts(init, n_init, A, d, k, backend, rng):
-    """The initial partitions: ``n_init`` spectral ones, or ``init`` itself (a string the driver resolves)."""
+def starts(init, n_init, A, d, k, backend, rng, *, verbose=False, progress=False, name="ncut"):
+    """The initial partitions: ``n_init`` spectral ones, or ``init`` itself (a string the driver resolves).
+
+    ``progress``: a bar over the start's steps, the eigenvectors (its text following the components solved), then
+    each k-means of the embedding; ``verbose``: a line for the eigenvectors and one per k-means (``[name]``)."""
     if not (isinstance(init, str) and init == "spectral"):
         return [init], {}
-    t0 = time.perf_counter()
-    E, w, iterations, solver = spectral_embedding(A, d, k, backend, rng)
-    seconds = time.perf_counter() - t0
-    from kkmgpu.engine.embedding import EmbeddingOperator
+    from kkmgpu._progress import progress_bar
     from kkmgpu.engine.lloyd import run_restarts
 
-    operator = EmbeddingOperator(E, backend.xp.ones(A.shape[0], dtype=backend.xp.float64), backend)
-    starts = []
-    for _ in range(n_init):  # k-means on the embedding (never its n x n Gram matrix), one k-means++ start each
-        best, _, _ = run_restarts(operator, k, init="k-means++", n_init=1, max_iter=300, tol=1e-6, rng=rng,
-                                  verbose=False, progress=False)
-        starts.append(backend.to_host(best.labels).astype(np.int32))
-    return starts, {"spectral_eigenvalues": w.tolist(), "eigensolver": solver, "eigensolver_iterations": iterations,
-                    "spectral_seconds": seconds}
+    with progress_bar(1 + n_init, desc="spectral start", unit="step", enabled=progress) as bar, one_thread(backend):
+        t0 = time.perf_counter()
+        info = {}
+        E, w, iterations, solver = spectral_embedding(A, d, k, backend, rng, bar=bar, info=info)
+        seconds = time.perf_counter() - t0
+        where = f" on {info['components']} components" if info.get("components", 1) > 1 else ""
+        bar.set_postfix_str(f"eigenvectors by {solver}{where}, {seconds:.1f} s")
+        bar.update()
+        if verbose:
+            print(f"[{name}] spectral start: the top {k} eigenvectors of D^-1/2 A D^-1/2 by {solver}{where} in "
+                  f"{seconds:.3g} s (eigenvalues {w[0]:.6g} ... {w[-1]:.6g}); k-means of the embedding, "
+                  f"{n_init} start(s)", flush=True)
+        operator = _embedding_operator(E, backend)
+        labels = []
+        for r in range(n_init):  # k-means on the embedding (never its n x n Gram matrix), one k-means++ start each
+            best, _, _ = run_restarts(operator, k, init="k-means++", n_init=1, max_iter=300, tol=EMBEDDING_TOL,
+                                      rng=rng, verbose=False, progress=False)
+            labels.append(backend.to_host(best.labels).astype(np.int32))
+            bar.set_postfix_str(f"k-means {r} of the embedding: {best.n_iter} iterations")
+            bar.update()
+            if verbose:
+                print(f"[{name}] spectral start {r}: k-means of the embedding, {best.n_iter} iterations, "
+                      f"objective {best.objective:.10g}", flush=True)
+    return labels, {"spectral_eigenvalues": w.tolist(), "eigensolver": solver, "eigensolver_iterations": iterations,
+                    "spectral_seconds": seconds, "spectral_components": int(info.get("components", 1))}
 
+
+def _embedding_operator(E, backend):
+    """The Lloyd driver's operator on the embedding E (:class:`kkmgpu.engine.embedding.EmbeddingOperator`, unit
+    weights), its centroid sums by a sparse one-hot product, O(n k) where the dense one is O(n k^2): half of an
+    iteration's work at k = 100."""
+    from kkmgpu.engine.embedding import EmbeddingOperator
+
+    class Operator(EmbeddingOperator):
+        def centroid_sums(self, labels, k):
+            xp = self.backend.xp
+            Y = _sparse.sparse_module(self.backend).csr_matrix(
+                (self.weights, (backend.asarray(labels).astype(xp.int64), xp.arange(self.n))), shape=(k, self.n))
+            return xp.asarray(Y @ self.A)
+
+    return Operator(E, backend.xp.ones(E.shape[0], dtype=backend.xp.float64), backend)

@@ -245,7 +245,10 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
     t_start = time.perf_counter()
     rng = _validation.make_rng(random_state)
     backend = resolve_device(device, (X,))
-    with memory_situation(dtype=_validation.check_dtype(dtype)), backend.activate():
+    count = n_init if isinstance(init, str) and init == "spectral" else 1     # the starts the bar counts
+    with memory_situation(dtype=_validation.check_dtype(dtype)), backend.activate(), \
+            _progress.progress_bar(count, desc=objective, unit="start", enabled=progress) as bar:
+        # one bar per fit: the graph's, the start's and the shift's bars are nested in it (gone when done)
         state_graph, features, center, scaled = None, None, None, 0
         if affinity == "precomputed":
             A = _check_affinity_matrix(X, backend)
@@ -257,36 +260,65 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
             scaled = _scale.feature_exponent(Xd, center, _scale.feature_dtype(dtype), backend)
             features = graph_features(Xd, dtype, backend, center, scaled)[1]
             state_graph = _graphs.build_graph(features, n_neighbors, affinity, backend, neighbors=neighbors,
-                                              precision=gemm_precision)
+                                              precision=gemm_precision, progress=progress)
             A = state_graph.graph
         k = _validation.check_k(k, n)
         A, exponent = _scale.normalize_scale(A)
         d = degrees(A, backend)
         _check_degrees(d, affinity, backend)
         t_graph = time.perf_counter()
+        if verbose:
+            what = "the precomputed affinity" if affinity == "precomputed" else \
+                f"the {affinity!r} graph of {int(n_neighbors)} neighbours"
+            print(f"[{objective}] {what}: {n} points, {int(A.nnz)} stored edges, {t_graph - t_start:.3g} s",
+                  flush=True)
+        bar.set_postfix_str("graph built")
         if graph_shift == "auto":
-            shift = _spectral.psd_shift(A, d, objective, backend, rng)
+            with _progress.progress_bar(1, desc="graph shift", unit="eigenvalue", enabled=progress) as inner, \
+                    _spectral.one_thread(backend):
+                shift = _spectral.psd_shift(A, d, objective, backend, rng)
+                inner.update()
         else:  # the ratio association's sigma is in A's units, the normalized cut's has none
             shift = graph_shift if objective == "ncut" else math.ldexp(graph_shift, -exponent)
         K, weights = graph_kernel(A, d, objective, shift, backend)
         t_kernel = time.perf_counter()
-        starts, spectral = _spectral.starts(init, n_init, A, d, k, backend, rng)
+        if verbose:
+            how = "from the smallest eigenvalue, by Lanczos" if graph_shift == "auto" else "given"
+            print(f"[{objective}] the graph kernel's shift sigma = {shift:.6g} ({how}), {t_kernel - t_graph:.3g} s",
+                  flush=True)
+        starts, spectral = _spectral.starts(init, n_init, A, d, k, backend, rng, verbose=verbose, progress=progress,
+                                            name=objective)
         t_init = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:  # said once below, and not twice
-            warnings.simplefilter("always")
-            runs = []
-            for labels0 in _progress.iterate(starts, desc=objective, unit="start", enabled=progress):  # one bar
-                runs.append(fit_exact(K, k, kernel="precomputed", sample_weight=backend.to_host(weights),
-                                      device=backend.name, dtype=dtype, init=labels0,
-                                      n_init=1 if not isinstance(labels0, str) else n_init,
-                                      max_iter=max_iter, tol=tol, random_state=rng, verbose=verbose,
-                                      keep_on_device=keep_on_device, progress=progress))
-        best = min(runs, key=lambda r: r.objective)
-        _say_again(caught, None if affinity == "precomputed" else Xd, best.labels, backend.to_host(weights), k,
-                   backend)
         # J's constant: the shift's, and A's self loops (sum_i w_i K_ii holds sum_i A_ii / d_i, or tr A)
         loops = _self_loops(A, d, backend) if objective == "ncut" else float(backend.to_host(A.diagonal().sum()))
         shifted = offset(objective, shift, n, k) + loops
+        bound = _degenerate.ROUNDING * float(np.finfo(_kernel_spec.compute_dtype(
+            _validation.check_dtype(dtype))).eps) * (shift * n + k + loops)
+
+        def reported(values):
+            """J of the refinement as the objective reported: the cut (or the negated association in A's units)."""
+            values = np.asarray(values, dtype=np.float64) - shifted
+            # a cut is >= 0: values just below are rounding (kkmgpu._degenerate.ROUNDING)
+            return _not_below_rounding(values, bound) if objective == "ncut" else np.ldexp(values, exponent)
+
+        with warnings.catch_warnings(record=True) as caught, _spectral.one_thread(backend):  # said once below
+            warnings.simplefilter("always")
+            runs = []
+            for r, labels0 in enumerate(starts):
+                runs.append(fit_exact(K, k, kernel="precomputed", sample_weight=backend.to_host(weights),
+                                      device=backend.name, dtype=dtype, init=labels0,
+                                      n_init=1 if not isinstance(labels0, str) else n_init,
+                                      max_iter=max_iter, tol=tol, random_state=rng, verbose=False,
+                                      keep_on_device=keep_on_device, progress=progress))  # a nested bar
+                cut = float(reported(runs[-1].objective))
+                lowest = float(reported(min(run.objective for run in runs)))
+                bar.set_postfix_str(f"start {r}: {objective} {cut:.6g}, lowest {lowest:.6g}")
+                bar.update()
+                if verbose:
+                    _say_refinement(runs[-1], r if len(starts) > 1 else None, objective, reported)
+        best = min(runs, key=lambda r: r.objective)
+        _say_again(caught, None if affinity == "precomputed" else Xd, best.labels, backend.to_host(weights), k,
+                   backend)
         final = graph_objective(A, d, best.labels, k, objective, backend)
         t_end = time.perf_counter()
         timings = {"graph": t_graph - t_start, "kernel_build": t_kernel - t_graph, "init": t_init - t_kernel,
@@ -300,15 +332,12 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
         if state_graph is not None:
             params["n_neighbors"] = int(n_neighbors)
         # every restart: one per start of its own (arrays), n_init of a single string start (k-means++, random)
-        objectives = np.concatenate([np.asarray(r.objectives, dtype=np.float64) - shifted for r in runs])
-        history = np.asarray(best.objective_history, dtype=np.float64) - shifted
-        if objective == "ncut":  # a cut is >= 0: values just below are rounding (kkmgpu._degenerate.ROUNDING)
-            bound = _degenerate.ROUNDING * float(np.finfo(_kernel_spec.compute_dtype(
-                _validation.check_dtype(dtype))).eps) * (shift * n + k + loops)
-            final, history, objectives = (_not_below_rounding(v, bound) for v in (final, history, objectives))
-        else:
-            final, history, objectives = (np.ldexp(v, exponent) for v in (final, history, objectives))
-            final = float(final)
+        objectives = reported(np.concatenate([np.asarray(r.objectives, dtype=np.float64) for r in runs]))
+        history = reported(best.objective_history)
+        final = _not_below_rounding(final, bound) if objective == "ncut" else float(np.ldexp(final, exponent))
+        if verbose:
+            print(f"[{objective}] the lowest of {len(objectives)} start(s): {objective} {final:.10g} (recomputed in "
+                  f"float64 from the graph), {t_end - t_start:.3g} s", flush=True)
         sizes = np.ldexp(np.asarray(best.cluster_sizes, dtype=np.float64), exponent if objective == "ncut" else 0)
         return dataclasses.replace(
             best, objective=final, objective_history=history, objectives=objectives, exact_objective=final,
@@ -345,6 +374,20 @@ def _not_below_rounding(value, bound):
     out = np.asarray(value, dtype=np.float64)
     out = np.where((out < 0) & (out >= -bound), 0.0, out) + 0.0
     return float(out) if out.ndim == 0 else out
+
+
+def _say_refinement(run, start, objective, reported):
+    """``verbose``: the refinement of one start as the objective reported (the cut, not the shifted J the inner
+    Lloyd driver minimises), iteration by iteration; ``start`` None for a single one."""
+    prefix = f"[{objective}] " + ("" if start is None else f"start {start}: ")
+    restarts = np.atleast_1d(reported(run.objectives))
+    if restarts.size > 1:   # a string init: its own restarts, the history of the lowest
+        for r, value in enumerate(restarts):
+            print(f"{prefix}init {r}: {objective} {value:.10g}", flush=True)
+    for i, value in enumerate(np.atleast_1d(reported(run.objective_history))):
+        print(f"{prefix}iteration {i}: {objective} {value:.10g}", flush=True)
+    print(f"{prefix}{objective} {float(reported(run.objective)):.10g} after {run.n_iter} iterations "
+          f"({run.stop_reason})", flush=True)
 
 
 def _say_again(caught, Xd, labels, weights_h, k, backend):
