@@ -4,6 +4,7 @@
     python bench/bench_graphs.py speed [--n 70000] [--n-neighbors 10] [--timeout 3000] [--device cpu]
     python bench/bench_graphs.py search [--n 70000] [--n-neighbors 10]   # the CPU's graph step taken apart
     python bench/bench_graphs.py plot   # the spirals picture of docs/graphs.md
+    python bench/bench_graphs.py landmark {mnist,million,curve,grid} ...   # method='landmark': bench/bench_landmark.py
 
 ``quality``: on the shape sets (aggregation, compound, flame, jain, r15; standardised), two moons
 (scikit-learn's make_moons(1000, noise=0.08)), two spirals (kkmgpu.datasets.make_two_spirals(1000)), WiFi, Wine
@@ -253,6 +254,11 @@ def search(args):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["landmark"]:  # the landmark route's phases: bench/bench_landmark.py
+        from bench_landmark import main as landmark
+
+        return landmark(argv[1:], Run)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     q = sub.add_parser("quality")

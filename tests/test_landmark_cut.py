@@ -205,3 +205,19 @@ def test_devices_agree_and_the_estimator_runs(device):
                                 device=device, dtype="float64").fit(X)
     np.testing.assert_array_equal(model.labels_, cpu.labels)
     assert model.score(X) == pytest.approx(-cpu.objective, rel=1e-9)
+
+
+def test_the_cli_fits_with_method_landmark(tmp_path, capsys):
+    from kkmgpu.cli.commands import main
+
+    X, y = make_blobs(600, centers=3, random_state=0)
+    path = tmp_path / "blobs.csv"
+    np.savetxt(path, X, delimiter=",")
+    out = tmp_path / "labels.csv"
+    assert main(["fit", str(path), "-k", "3", "--objective", "ncut", "--method", "landmark", "--n-landmarks", "40",
+                 "--landmark-neighbors", "4", "--device", "cpu", "--seed", "0", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "bipartite to 40 landmarks, 4 neighbours" in text and "(normalized cut)" in text
+    expected = kkmgpu.fit(X, 3, objective="ncut", method="landmark", n_landmarks=40, landmark_neighbors=4,
+                          device="cpu", random_state=0).labels
+    np.testing.assert_array_equal(np.loadtxt(out, dtype=int), expected)

@@ -133,12 +133,16 @@ def _build_parser():
                           "optional header): weighted cluster means and objective")
     fit.add_argument("--seed", type=int, default=None, metavar="S",
                      help="random seed, for reproducible labels (default: unseeded)")
-    fit.add_argument("--method", choices=tuple(_methods.METHODS), default="exact",
-                     help="; ".join(f"{m.name}: {m.summary}" for m in _methods.METHODS.values()))
+    fit.add_argument("--method", choices=(*_methods.METHODS, "landmark"), default="exact",
+                     help="; ".join(f"{m.name}: {m.summary}" for m in _methods.METHODS.values())
+                     + "; landmark (--objective ncut): the cut through landmarks, for millions of points")
     fit.add_argument("--n-components", type=int, default=None, metavar="R",
                      help="eigen: the top R eigenpairs of K (default: all up to n=4096, else max(128, 8 K))")
     fit.add_argument("--n-landmarks", type=int, default=None, metavar="M",
-                     help="approx: landmarks the centres are restricted to (default: min(n, max(1000, 20 K)))")
+                     help="approx: landmarks the centres are restricted to (default: min(n, max(1000, 20 K))); "
+                          "landmark: the representatives (default: min(n, 1500))")
+    fit.add_argument("--landmark-neighbors", type=int, default=None, metavar="R",
+                     help="landmark: the nearest representatives each point links to (default: 5)")
     fit.add_argument("--landmarks", choices=("uniform", "kmeans++"), default="uniform",
                      help="approx: how the landmarks are drawn (default: uniform)")
     fit.add_argument("--objective", choices=("kernel_kmeans", "ncut", "ratio_association"), default="kernel_kmeans",
@@ -252,7 +256,7 @@ def _run_fit(args):
         tol=args.tol, engine=args.engine, sample_weight=sample_weight,
         progress=sys.stderr.isatty() if args.progress is None else args.progress,
         n_samples_per_cluster=args.samples_per_cluster, n_components=args.n_components,
-        n_landmarks=args.n_landmarks, landmarks=args.landmarks,
+        n_landmarks=args.n_landmarks, landmarks=args.landmarks, landmark_neighbors=args.landmark_neighbors,
         exact_objective=args.method == "cats" and X.shape[0] <= 50_000,
         **({} if args.objective == "kernel_kmeans" else dict(objective=args.objective, affinity=args.affinity,
                                                             n_neighbors=args.n_neighbors)),

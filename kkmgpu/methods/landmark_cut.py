@@ -1,7 +1,7 @@
 """``fit(X, k, objective="ncut", method="landmark")``: the normalized cut at millions of points through p
 representatives (U-SPEC, Huang et al., TKDE 2020; transfer cut, Li, Wu and Chang, CVPR 2012).
 
-1. p representatives (``n_landmarks``, default min(1000, n)): k-means centres of min(10 p, n) points drawn
+1. p representatives (``n_landmarks``, default min(1500, n)): k-means centres of min(10 p, n) points drawn
    uniformly (U-SPEC's hybrid selection; :func:`kkmgpu.methods.landmark_graph.representatives`);
 2. the sparse bipartite graph B (n x p, CSR): each point linked to its r nearest representatives
    (``landmark_neighbors``, default 5) found by blocked GEMM distances, one row tile at a time, with Gaussian
@@ -46,8 +46,9 @@ from kkmgpu.methods import graph_scale as _scale
 from kkmgpu.methods import landmark_graph as _lg
 
 #: defaults: p = min(DEFAULT_LANDMARKS, n) representatives, each point linked to its DEFAULT_NEIGHBORS nearest
-#: (U-SPEC's; 10 gave NMI 0.66-0.68 against 0.75 on MNIST-70k, bench/bench_landmark.py)
-DEFAULT_LANDMARKS = 1000
+#: (U-SPEC's r). Tuned on MNIST-70k alone (2-core CPU, seeds 0-3, NMI): p = 1500 gave 0.745-0.768 (3 or 5 Lloyd
+#: steps for the representatives alike), p = 1000 0.718-0.744; r = 10 gave 0.67-0.68 against r = 5's 0.72-0.75
+DEFAULT_LANDMARKS = 1500
 DEFAULT_NEIGHBORS = 5
 
 
@@ -221,12 +222,14 @@ def fit(X, k, *, objective="ncut", n_landmarks=None, landmark_neighbors=None, af
             history, n_iter, converged = [start_cut], 0, embedding_converged
         cut, links = _lg.ncut(P, size, dy, backend)
         step("refinement", f"refinement: ncut {start_cut:.6g} -> {cut:.6g} in {n_iter} step(s)")
-        timings["total"] = time.perf_counter() - t_start
+        timings.update(kernel_build=timings["representatives"] + timings["graph"] + timings["eigen"],
+                       init=timings["kmeans"], iterations=timings["refinement"], total=time.perf_counter() - t_start)
         state = LandmarkState(center=center, exponent=exponent, dtype=ct, reps=R[kept], sigma=sigma, r=r, dy=dy,
                               refined=max_iter > 0, P=P, size=backend.to_host(size), links=links,
                               vmap=backend.asarray(V * _inverse_root(lam)[None, :]), centres=centres)
         unit = math.ldexp(sigma, exponent)     # sigma in X's units
-        params = {"objective": "ncut", "n_landmarks": p, "landmarks_linked": p_kept, "landmark_neighbors": r,
+        params = {"objective": "ncut", "affinity": f"bipartite to {p_kept} landmarks", "n_neighbors": r,
+                  "n_landmarks": p, "landmarks_linked": p_kept, "landmark_neighbors": r,
                   "sigma": unit, "sample_size": sample, "eigenvalues": lam.tolist(),
                   "bipartite_eigenvalues": gamma_values.tolist(), "nnz": int(B.nnz), "start_ncut": start_cut,
                   "refined": max_iter > 0, "init": init if isinstance(init, str) else "array",
