@@ -221,3 +221,12 @@ def test_the_cli_fits_with_method_landmark(tmp_path, capsys):
     expected = kkmgpu.fit(X, 3, objective="ncut", method="landmark", n_landmarks=40, landmark_neighbors=4,
                           device="cpu", random_state=0).labels
     np.testing.assert_array_equal(np.loadtxt(out, dtype=int), expected)
+
+
+def test_kmeans_on_a_sample_of_the_embedding_assigns_every_point_to_its_nearest_centre(monkeypatch):
+    monkeypatch.setattr(lc, "KMEANS_SAMPLE", 300)
+    X, y = make_blobs(1200, centers=4, cluster_std=1.0, random_state=8)
+    result = kkmgpu.fit(X, 4, objective="ncut", method="landmark", n_landmarks=60, device="cpu", random_state=0,
+                        max_iter=0)
+    assert nmi(y, result.labels) > 0.95
+    np.testing.assert_array_equal(kkmgpu.predict(result, X), result.labels)   # the nearest-centre rule, every row

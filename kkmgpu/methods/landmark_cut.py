@@ -50,6 +50,8 @@ from kkmgpu.methods import landmark_graph as _lg
 #: steps for the representatives alike), p = 1000 0.718-0.744; r = 10 gave 0.67-0.68 against r = 5's 0.72-0.75
 DEFAULT_LANDMARKS = 1500
 DEFAULT_NEIGHBORS = 5
+#: the k-means of the embedding runs on at most this many of its rows (then every row to its nearest centre)
+KMEANS_SAMPLE = 100_000
 
 
 @dataclass
@@ -70,6 +72,7 @@ class LandmarkState:
     links: object = None     # host (k,)
     vmap: object = None      # device (p', k): V / sqrt(1 - lambda), u = D_X^-1 B vmap
     centres: object = None   # device (k, k): the embedding k-means centres
+    precision: str = _gemm.DEFAULT_PRECISION   # the GEMM mode of the fit's neighbour search
 
 
 def check_args(X, k, *, objective, n_landmarks, landmark_neighbors, affinity, n_neighbors, graph_shift, kernel,
@@ -186,7 +189,7 @@ def fit(X, k, *, objective="ncut", n_landmarks=None, landmark_neighbors=None, af
 
         R, sample = _lg.representatives(Xd, p, center, exponent, ct, rng, backend)
         step("representatives", f"{p} representatives: k-means centres of {sample} sampled points")
-        index, sq = _neighbors(Xd, R, r, center, exponent, ct, backend, gemm_precision)
+        index, sq = _neighbors(Xd, R, r, center, exponent, ct, backend, gemm_precision, progress=progress)
         sigma = _lg.sigma_of(sq, backend)
         _lg.check_finite_sigma(sigma)
         B = _lg.bipartite(index, sq, sigma, p, backend)
@@ -226,7 +229,8 @@ def fit(X, k, *, objective="ncut", n_landmarks=None, landmark_neighbors=None, af
                        init=timings["kmeans"], iterations=timings["refinement"], total=time.perf_counter() - t_start)
         state = LandmarkState(center=center, exponent=exponent, dtype=ct, reps=R[kept], sigma=sigma, r=r, dy=dy,
                               refined=max_iter > 0, P=P, size=backend.to_host(size), links=links,
-                              vmap=backend.asarray(V * _inverse_root(lam)[None, :]), centres=centres)
+                              vmap=backend.asarray(V * _inverse_root(lam)[None, :]), centres=centres,
+                              precision=gemm_precision)
         unit = math.ldexp(sigma, exponent)     # sigma in X's units
         params = {"objective": "ncut", "affinity": f"bipartite to {p_kept} landmarks", "n_neighbors": r,
                   "n_landmarks": p, "landmarks_linked": p_kept, "landmark_neighbors": r,
@@ -253,14 +257,21 @@ def _embedding_kmeans(E, k, n_init, rng, weights_h, B, rows, dy, weights, backen
     """(labels (device int64), centres (device (k, k)), cut, converged): scikit-learn's k-means (k-means++, one
     start each, seeded from ``rng``) ``n_init`` times on the host rows of E, weighted by sample_weight; the start of
     lowest normalized cut on W_X is kept (its cut, not the k-means objective on E, is what the fit minimises:
-    measured better on MNIST-70k)."""
+    measured better on MNIST-70k). Above KMEANS_SAMPLE points the k-means runs on that many rows drawn uniformly
+    (one draw for every start), and every point then goes to its nearest centre: O(n k^2) per start beyond it."""
     from sklearn.cluster import KMeans
 
+    n = E.shape[0]
+    pick = np.sort(rng.choice(n, size=KMEANS_SAMPLE, replace=False)) if n > KMEANS_SAMPLE else None
     best = None
     for _ in range(n_init):
         km = KMeans(k, init="k-means++", n_init=1, random_state=int(rng.integers(2 ** 31 - 1)), algorithm="lloyd")
-        km.fit(E, sample_weight=weights_h)
-        labels = backend.asarray(km.labels_.astype(np.int64))
+        if pick is None:
+            km.fit(E, sample_weight=weights_h)
+            labels = km.labels_
+        else:
+            labels = km.fit(E[pick], sample_weight=weights_h[pick]).predict(E)
+        labels = backend.asarray(labels.astype(np.int64))
         P, size = _lg.cluster_totals(B, labels, weights, rows, k, backend)
         cut = _lg.ncut(P, size, dy, backend)[0]
         if best is None or cut < best[2]:
@@ -269,14 +280,15 @@ def _embedding_kmeans(E, k, n_init, rng, weights_h, B, rows, dy, weights, backen
     return labels, backend.asarray(np.ascontiguousarray(centres, dtype=np.float64)), cut, converged
 
 
-def _neighbors(Xd, R, r, center, exponent, ct, backend, precision, rows=None):
-    """(index, sq_dist) (n, r) of every row of Xd, one tile of prepared features at a time."""
+def _neighbors(Xd, R, r, center, exponent, ct, backend, precision, rows=None, progress=False):
+    """(index, sq_dist) (n, r) of every row of Xd, one tile of prepared features at a time (a nested bar over the
+    tiles with ``progress``)."""
     xp = backend.xp
     n = Xd.shape[0]
     step = rows or _lg.rows_per_tile(R.shape[0], Xd.shape[1], np.dtype(ct).itemsize, backend)
     index = xp.empty((n, r), dtype=xp.int64)
     sq = xp.empty((n, r), dtype=xp.float64)
-    for i0 in range(0, n, step):
+    for i0 in _progress.iterate(range(0, n, step), desc="nearest landmarks", unit="tile", enabled=progress):
         i1 = min(n, i0 + step)
         index[i0:i1], sq[i0:i1] = _lg.nearest(_lg.features(Xd, i0, i1, center, exponent, ct, backend), R, r,
                                               backend, precision)
@@ -299,7 +311,7 @@ def new_graph(state, X_new, backend, batch_size=None):
     if Xn.shape[1] != state.reps.shape[1]:
         raise ValueError(f"X_new has {Xn.shape[1]} features but the model was fit on {state.reps.shape[1]}.")
     index, sq = _neighbors(Xn, state.reps, state.r, state.center, state.exponent, state.dtype, backend,
-                           _gemm.DEFAULT_PRECISION, rows=batch_size)
+                           state.precision, rows=batch_size)
     B = _lg.bipartite(index, sq, state.sigma, state.reps.shape[0], backend)
     return B, backend.xp.asarray(B.sum(axis=1)).ravel()
 
