@@ -50,6 +50,8 @@ def plot_graph_search(search, ax=None):
     ax.set_ylim(low / 1.2, high * 1.2)
     ax.set_xlabel("n_neighbors")
     ax.set_ylabel("lambda_{k+1} / lambda_k")
-    ax.set_title("affinity='search' (x: not eligible; ^: k separate components)")
+    families = list(dict.fromkeys(c.affinity for c in search.candidates))
+    what = "affinity='search'" if len(families) > 1 else f"n_neighbors='search', {families[0]}"
+    ax.set_title(f"{what} (x: not eligible; ^: k separate components)")
     ax.legend(fontsize="small")
     return ax

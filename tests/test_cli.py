@@ -462,3 +462,21 @@ def test_affinity_search_prints_each_candidate_and_the_choice(blobs_csv, capsys)
     assert len(rows) == len(graph_search.FAMILIES) * len(graph_search.GRID)
     chosen = [r for r in rows if r[0] == "*"]
     assert len(chosen) == 1 and chosen[0][1:3] == [graph[1], graph[2]]
+
+
+def test_neighbour_search_prints_each_size_and_the_choice(blobs_csv, capsys):
+    """--n-neighbors search (issue 28 point 4): the summary says the graph was searched, and the table lists the
+    family's sizes 5 ... 30 with their ratios, the chosen one marked and the summary's size."""
+    from kkmgpu.methods import graphcut
+
+    assert main(["fit", str(blobs_csv), "-k", "3", "--objective", "ncut", "--affinity", "knn", "--n-neighbors",
+                 "search", "--device", "cpu", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    graph = re.search(r"^graph\s+knn, (\d+) neighbours, .*\(searched: table below\)$", out, re.MULTILINE)
+    assert graph is not None
+    table = out.split("graph search (")[1].splitlines()[1:]
+    rows = [line.split() for line in table if line[2:].split()[:1] == ["knn"]]
+    assert [int(r[-5]) for r in rows] == list(graphcut.NEIGHBOR_GRID)
+    chosen = [r for r in rows if r[0] == "*"]
+    assert len(chosen) == 1 and chosen[0][2] == graph[1]
+    assert "kept unless beaten" not in out   # no prior for the size search

@@ -177,3 +177,25 @@ def test_plot_draws_every_family_and_circles_the_choice():
     drawn = {(line.get_label(), x, y) for line in ax.get_lines() for x, y in zip(line.get_xdata(), line.get_ydata())}
     assert all((c.affinity, c.n_neighbors, c.ratio) in drawn for c in eligible)
     assert search.plot().get_yscale() == "log"
+
+
+def test_plot_of_a_neighbour_search_draws_its_one_family():
+    """n_neighbors="search" keeps the same evidence (issue 28 point 4): kkmgpu.plot draws the family's ratios at
+    5 ... 30 neighbours and circles the size the fit used."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import kkmgpu.plot
+
+    X, _ = _rings(np.random.default_rng(7))
+    result = kkmgpu.fit(X, 2, objective="ncut", affinity="mutual_knn", n_neighbors="search", device="cpu",
+                        random_state=0)
+    search = result.method_params["graph_search"]
+    ax = kkmgpu.plot.plot_graph_search(result)
+    assert {line.get_label() for line in ax.get_lines()
+            if not line.get_label().startswith(("_", "chosen"))} == {"mutual_knn"}
+    assert ax.get_title().startswith("n_neighbors='search', mutual_knn")
+    drawn = {(x, y) for line in ax.get_lines() if line.get_label() == "mutual_knn"
+             for x, y in zip(line.get_xdata(), line.get_ydata())}
+    assert drawn == {(c.n_neighbors, c.ratio) for c in search.candidates if c.eligible and math.isfinite(c.ratio)}
+    chosen = [line for line in ax.get_lines() if line.get_label().startswith("chosen")]
+    assert len(chosen) == 1 and chosen[0].get_xdata()[0] == result.method_params["n_neighbors"]
