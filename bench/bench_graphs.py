@@ -4,6 +4,7 @@
     python bench/bench_graphs.py speed [--n 70000] [--n-neighbors 10] [--timeout 3000] [--device cpu]
     python bench/bench_graphs.py search [--n 70000] [--n-neighbors 10]   # the CPU's graph step taken apart
     python bench/bench_graphs.py plot   # the spirals picture of docs/graphs.md
+    python bench/bench_graphs.py many-clusters [--n 5000 20000 100000] [--k 100] [--equal] [--box 100] [--seeds 0]
     python bench/bench_graphs.py landmark {mnist,million,curve,grid} ...   # method='landmark': bench/bench_landmark.py
 
 ``quality``: on the shape sets (aggregation, compound, flame, jain, r15; standardised), two moons
@@ -27,6 +28,12 @@ in a child process with a time limit: kkmgpu ncut (graph construction + spectral
 scikit-learn's SpectralClustering with the same number of neighbours, eigen_solver "arpack" and, when pyamg is
 installed, "amg". Wall time, NMI and peak resident memory; a contestant past ``--timeout`` is recorded as such
 (its time a lower bound).
+
+``many-clusters``: issue 29's sets of many clusters, made here (:func:`make_many_clusters`): k Gaussian clusters of
+unit spread in 2-D, centres uniform in [0, box]^2, sizes from a Dirichlet(2) draw (birch2-like; ``--equal``: n / k
+each). kkmgpu's ncut (the default graph, 10 neighbours, spectral start, n_init 10) and scikit-learn's
+``SpectralClustering(k, affinity="nearest_neighbors", n_neighbors=10)`` (arpack; pyamg is not used) one after the
+other in this process per seed, so that both meet the same load: seconds, NMI and the ratio kkmgpu / scikit-learn.
 
 ``search``: the CPU's neighbour search on MNIST's centred features, step by step in this process: the exact
 search with principal-component lower bounds (kkmgpu/kernels/knn_bounds.py) whole, then its plan, its search on
@@ -201,6 +208,55 @@ def speed(args):
         print(f"  {who:16s} {json.dumps({k: v for k, v in case.items() if k not in ('id', 'run_id')})}", flush=True)
 
 
+def make_many_clusters(n, k=100, *, equal=False, box=100.0, seed=0):
+    """(X, y): ``k`` Gaussian clusters (unit spread) in 2-D with centres uniform in [0, box]^2, the sizes of
+    unequal clusters from a Dirichlet(2) draw (at least 5 points each), equal ones n // k; birch2-like."""
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(0.0, box, size=(k, 2))
+    if equal:
+        sizes = np.full(k, n // k)
+    else:
+        sizes = np.maximum(np.round(rng.dirichlet(np.full(k, 2.0)) * n).astype(int), 5)
+    y = np.repeat(np.arange(k), sizes)
+    X = centres[y] + rng.normal(size=(y.size, 2))
+    order = rng.permutation(y.size)
+    return X[order], y[order]
+
+
+def many_clusters(args):
+    """kkmgpu's ncut and scikit-learn's SpectralClustering(nearest_neighbors) on make_many_clusters sets, in this
+    process, one after the other per seed (the same load for both): seconds, NMI and their ratio."""
+    import warnings
+
+    from sklearn.cluster import SpectralClustering
+
+    run = Run(args.device, sys.argv[1:])
+    kkmgpu.fit(make_many_clusters(300, 3)[0], 3, objective="ncut", device=args.device, random_state=0)  # warm-up
+    for n in args.n:
+        X, y = make_many_clusters(n, args.k, equal=args.equal, box=args.box)
+        print(f"{args.k} clusters ({'equal' if args.equal else 'unequal'}), n={X.shape[0]}, box {args.box:g}",
+              flush=True)
+        for seed in args.seeds:
+            t0 = time.perf_counter()
+            result = kkmgpu.fit(X, args.k, objective="ncut", n_neighbors=N_NEIGHBORS, device=args.device,
+                                random_state=seed)
+            ours = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "Graph is not fully connected"
+                theirs_labels = SpectralClustering(args.k, affinity="nearest_neighbors", n_neighbors=N_NEIGHBORS,
+                                                   random_state=seed).fit(X).labels_
+            theirs = time.perf_counter() - t0
+            row = {"n": int(X.shape[0]), "k": args.k, "equal": args.equal, "box": args.box, "seed": seed,
+                   "kkmgpu_seconds": ours, "kkmgpu_nmi": nmi(y, np.asarray(result.labels)),
+                   "sklearn_seconds": theirs, "sklearn_nmi": nmi(y, theirs_labels), "ratio": ours / theirs,
+                   "timings": result.timings, "components": result.method_params.get("spectral_components")}
+            run.add({"id": f"many-clusters-n{X.shape[0]}-k{args.k}-seed{seed}", "kind": "many-clusters", **row})
+            print(f"  seed {seed}: kkmgpu {ours:.2f} s (NMI {row['kkmgpu_nmi']:.4f}), sklearn {theirs:.2f} s "
+                  f"(NMI {row['sklearn_nmi']:.4f}), ratio {row['ratio']:.2f}; kkmgpu "
+                  + ", ".join(f"{key} {value:.2f} s" for key, value in result.timings.items()), flush=True)
+
+
 def plot(args):
     import matplotlib
 
@@ -281,10 +337,18 @@ def main(argv=None):
     c.add_argument("--n", type=int, required=True)
     c.add_argument("--n-neighbors", type=int, required=True)
     c.add_argument("--device", default="cpu")
+    m = sub.add_parser("many-clusters")
+    m.add_argument("--n", type=int, nargs="+", default=[5_000, 20_000, 100_000])
+    m.add_argument("--k", type=int, default=100)
+    m.add_argument("--equal", action="store_true")
+    m.add_argument("--box", type=float, default=100.0)
+    m.add_argument("--seeds", type=int, nargs="+", default=[0])
+    m.add_argument("--device", default="cpu")
     p = sub.add_parser("plot")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "images" / "spirals-ncut.png"))
     args = parser.parse_args(argv)
-    {"quality": quality, "speed": speed, "search": search, "child": child, "plot": plot}[args.command](args)
+    {"quality": quality, "speed": speed, "search": search, "child": child, "plot": plot,
+     "many-clusters": many_clusters}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ k-means++ in the graph kernel's feature space is available but measured much wor
 
 The objective reported is the normalized cut itself (``objective="ncut"``) or the negated ratio association
 (``objective="ratio_association"``: lower is better, as for every objective of kkmgpu), recomputed in float64
-from A for the final labels; ``result.objective_name`` says which.
+from A for the final labels; ``result.objective_name`` says which. ``verbose`` prints that objective too, for each
+start's iterations (J less its constant), never the shifted J; ``progress`` shows one bar over the starts, with
+nested bars for the graph build, the shift and the spectral start.
 """
 
 from __future__ import annotations
