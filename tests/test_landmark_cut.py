@@ -230,3 +230,15 @@ def test_kmeans_on_a_sample_of_the_embedding_assigns_every_point_to_its_nearest_
                         max_iter=0)
     assert nmi(y, result.labels) > 0.95
     np.testing.assert_array_equal(kkmgpu.predict(result, X), result.labels)   # the nearest-centre rule, every row
+
+
+def test_the_feature_exponent_from_column_extremes_is_graph_scales():
+    from kkmgpu.methods import graph_scale
+
+    backend = resolve_device("cpu")
+    rng = np.random.default_rng(0)
+    for X in (rng.normal(size=(300, 4)), rng.normal(size=(300, 4)) * 1e-20, rng.normal(size=(300, 4)) * 1e20 + 1e20,
+              (rng.normal(size=(300, 4)) * 1e30).astype(np.float32), np.ones((5, 3))):
+        center = X.mean(axis=0, dtype=np.float64)
+        for dtype in (np.float32, np.float64):
+            assert lc._exponent(X, center, dtype, backend) == graph_scale.feature_exponent(X, center, dtype, backend)
