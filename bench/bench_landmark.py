@@ -5,9 +5,9 @@
     python bench/bench_graphs.py landmark curve [--sizes 10000 30000 100000 300000 1000000] [--device cpu]
     python bench/bench_graphs.py landmark grid [--landmarks 1000 1500] [--neighbors 5] [--seeds 0 1 2]
 
-Every case runs in a child process (``child``): MNIST (pixels in [0, 1]), a random subset for n < 70,000, and for n > 70,000
-MNIST repeated with Gaussian pixel noise of standard deviation 0.05 clipped to [0, 1] (bench/bench_frontier.py's
-data); the child loads the data, warms numba's kernels up on 2,000 points, then fits and reports its wall time
+Every case runs in a child process (``child``): MNIST (pixels in [0, 1]), a random subset for n < 70,000, and for
+n > 70,000 MNIST repeated with Gaussian pixel noise of standard deviation 0.05 clipped to [0, 1]
+(bench/bench_frontier.py's data); the child loads the data, warms numba's kernels up on 2,000 points, then fits and reports its wall time
 (loading excluded), the fit's own step timings, NMI against the digits, and the peak resident memory above the
 loaded data (Linux VmHWM after a reset, minus VmRSS after loading; ru_maxrss where the reset is not allowed).
 

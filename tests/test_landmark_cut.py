@@ -242,3 +242,15 @@ def test_the_feature_exponent_from_column_extremes_is_graph_scales():
         center = X.mean(axis=0, dtype=np.float64)
         for dtype in (np.float32, np.float64):
             assert lc._exponent(X, center, dtype, backend) == graph_scale.feature_exponent(X, center, dtype, backend)
+
+
+def test_identical_points_warn_once_at_the_callers_line():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = kkmgpu.fit(np.ones((30, 3)), 2, objective="ncut", method="landmark", n_landmarks=5, device="cpu",
+                            random_state=0)
+    said = [w for w in caught if "distinct clusters" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__, [(str(w.message), w.filename) for w in caught]
+    assert result.objective == 0.0 and np.unique(result.labels).size == 1

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kkmgpu import _progress, _validation
+from kkmgpu import _degenerate, _progress, _validation
 from kkmgpu._result import KernelKMeansResult
 from kkmgpu.backend.device import memory_situation, resolve_device
 from kkmgpu.kernels import gemm as _gemm
@@ -240,6 +240,7 @@ def fit(X, k, *, objective="ncut", n_landmarks=None, landmark_neighbors=None, af
                   "gemm_precision": gemm_precision,
                   "gemm_mode": _gemm.effective_mode(gemm_precision, backend, ct, shape=(n, p, Xd.shape[1]))}
         sizes_h = np.asarray(backend.to_host(size), dtype=np.float64)
+        _degenerate.warn_fewer_distinct(Xd, labels, weights_h, k, backend, set())
         history = np.asarray(history, dtype=np.float64)
         return KernelKMeansResult(
             labels=labels.astype(xp.int32) if keep_on_device else backend.to_host(labels).astype(np.int32),
@@ -259,18 +260,23 @@ def _embedding_kmeans(E, k, n_init, rng, weights_h, B, rows, dy, weights, backen
     lowest normalized cut on W_X is kept (its cut, not the k-means objective on E, is what the fit minimises:
     measured better on MNIST-70k). Above KMEANS_SAMPLE points the k-means runs on that many rows drawn uniformly
     (one draw for every start), and every point then goes to its nearest centre: O(n k^2) per start beyond it."""
+    import warnings
+
     from sklearn.cluster import KMeans
+    from sklearn.exceptions import ConvergenceWarning
 
     n = E.shape[0]
     pick = np.sort(rng.choice(n, size=KMEANS_SAMPLE, replace=False)) if n > KMEANS_SAMPLE else None
     best = None
     for _ in range(n_init):
         km = KMeans(k, init="k-means++", n_init=1, random_state=int(rng.integers(2 ** 31 - 1)), algorithm="lloyd")
-        if pick is None:
-            km.fit(E, sample_weight=weights_h)
-            labels = km.labels_
-        else:
-            labels = km.fit(E[pick], sample_weight=weights_h[pick]).predict(E)
+        with warnings.catch_warnings():   # fewer distinct rows than k: said once by fit, at the caller's line
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            if pick is None:
+                km.fit(E, sample_weight=weights_h)
+                labels = km.labels_
+            else:
+                labels = km.fit(E[pick], sample_weight=weights_h[pick]).predict(E)
         labels = backend.asarray(labels.astype(np.int64))
         P, size = _lg.cluster_totals(B, labels, weights, rows, k, backend)
         cut = _lg.ncut(P, size, dy, backend)[0]
