@@ -110,6 +110,8 @@ class KernelKMeans(ClusterMixin, BaseEstimator):
     ``objective="ncut"`` or ``"ratio_association"`` clusters the ``affinity`` graph with ``n_neighbors``
     neighbours instead (see :func:`kkmgpu.fit`): ``inertia_`` is then the normalized cut (or the negated ratio
     association) and ``predict`` places new points through their neighbours among the training points.
+    ``method="landmark"`` with ``objective="ncut"`` takes ``n_landmarks`` and ``landmark_neighbors`` (the landmark
+    route of :func:`kkmgpu.fit`; ``score`` is then minus the cut of X's rows on their own graph through the landmarks).
 
     Attributes
     ----------
