@@ -250,11 +250,13 @@ def many_clusters(args):
             row = {"n": int(X.shape[0]), "k": args.k, "equal": args.equal, "box": args.box, "seed": seed,
                    "kkmgpu_seconds": ours, "kkmgpu_nmi": nmi(y, np.asarray(result.labels)),
                    "sklearn_seconds": theirs, "sklearn_nmi": nmi(y, theirs_labels), "ratio": ours / theirs,
-                   "timings": result.timings, "components": result.method_params.get("spectral_components")}
+                   "timings": result.timings, "components": result.method_params.get("spectral_components"),
+                   "spectral_seconds": result.method_params.get("spectral_seconds")}
             run.add({"id": f"many-clusters-n{X.shape[0]}-k{args.k}-seed{seed}", "kind": "many-clusters", **row})
             print(f"  seed {seed}: kkmgpu {ours:.2f} s (NMI {row['kkmgpu_nmi']:.4f}), sklearn {theirs:.2f} s "
                   f"(NMI {row['sklearn_nmi']:.4f}), ratio {row['ratio']:.2f}; kkmgpu "
-                  + ", ".join(f"{key} {value:.2f} s" for key, value in result.timings.items()), flush=True)
+                  + ", ".join(f"{key} {value:.2f} s" for key, value in result.timings.items())
+                  + f" (eigenvectors {row['spectral_seconds']:.2f} s, {row['components']} components)", flush=True)
 
 
 def plot(args):

@@ -160,3 +160,38 @@ def test_a_graph_fit_leaves_numbas_thread_count_as_it_found_it(monkeypatch, rng)
     with pytest.raises(RuntimeError, match="the eigensolver failed"):
         kkmgpu.fit(X, 2, objective="ncut", device="cpu", random_state=0)
     assert seen == [1] and numba.get_num_threads() == before
+
+
+def test_the_spectral_starts_do_not_depend_on_the_threads_they_ran_on(monkeypatch, rng):
+    """On the CPU the k-means of the embedding run side by side in threads (one per numba thread), each from its
+    own stream drawn from random_state: the starts are the same on one thread as on two, the workers are threads of
+    their own, and the refinements after them see the same stream."""
+    import threading
+
+    import numba
+
+    from kkmgpu.engine import lloyd
+    from kkmgpu.methods import graph_spectral
+
+    X = _clusters(rng, [40, 25, 55, 30], gap=5.0)
+    where, run_restarts = [], lloyd.run_restarts
+
+    def spy(*args, **kwargs):
+        where.append(threading.current_thread().name)
+        return run_restarts(*args, **kwargs)
+
+    monkeypatch.setattr(lloyd, "run_restarts", spy)
+    before = numba.get_num_threads()
+    results = {}
+    try:
+        for threads in (1, 2):
+            where.clear()
+            numba.set_num_threads(threads)
+            results[threads] = kkmgpu.fit(X, 4, objective="ncut", device="cpu", random_state=5, n_init=6)
+            names = set(where[:6])       # the starts' six k-means (the refinements' own runs come after)
+            assert all(name.startswith("kkmgpu-start") for name in names) == (threads == 2), names
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(results[1].labels, results[2].labels)
+    np.testing.assert_array_equal(results[1].objectives, results[2].objectives)
+    assert graph_spectral._cpu_threads() == before

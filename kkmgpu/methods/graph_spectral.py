@@ -51,17 +51,24 @@ def one_thread(backend):
     products and numba kernels (an iteration is milliseconds at n = 5,000): two threads that meet at a barrier
     on every call lose far more than they share on a machine whose cores are busy. On the 2-core reference machine
     under load (31 Gaussian clusters, 3,100 points) the start took 14.6-18.5 s with two threads each and 1.2 s with
-    one; scikit-learn's KMeans limits its BLAS the same way."""
+    one; scikit-learn's KMeans limits its BLAS the same way. The cores are used instead by running the start's
+    k-means side by side (:func:`_embedding_kmeans`), one thread each, with no barrier between them."""
     if backend.is_gpu:
         yield
         return
+    with _blas_controller().limit(limits=1, user_api="blas"), _numba_one_thread():
+        yield
+
+
+@contextlib.contextmanager
+def _numba_one_thread():
+    """numba on one thread in the calling thread (its setting is thread-local; the caller's comes back)."""
     import numba
 
-    before = numba.get_num_threads()   # thread-local: the caller's own setting comes back
+    before = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        with _blas_controller().limit(limits=1, user_api="blas"):
-            yield
+        yield
     finally:
         numba.set_num_threads(before)
 
@@ -235,8 +242,8 @@ def starts(init, n_init, A, d, k, backend, rng, *, verbose=False, progress=False
     if not (isinstance(init, str) and init == "spectral"):
         return [init], {}
     from kkmgpu._progress import progress_bar
-    from kkmgpu.engine.lloyd import run_restarts
 
+    workers = 1 if backend.is_gpu else min(n_init, _cpu_threads())
     with progress_bar(1 + n_init, desc="spectral start", unit="step", enabled=progress) as bar, one_thread(backend):
         t0 = time.perf_counter()
         info = {}
@@ -250,10 +257,11 @@ def starts(init, n_init, A, d, k, backend, rng, *, verbose=False, progress=False
                   f"{seconds:.3g} s (eigenvalues {w[0]:.6g} ... {w[-1]:.6g}); k-means of the embedding, "
                   f"{n_init} start(s)", flush=True)
         operator = _embedding_operator(E, backend)
+        # each k-means of the embedding draws from its own stream, so that they may run side by side (the CPU:
+        # one thread each, no barrier between them) and give the same starts whatever the number of threads
+        seeds = rng.integers(2 ** 63, size=n_init)
         labels = []
-        for r in range(n_init):  # k-means on the embedding (never its n x n Gram matrix), one k-means++ start each
-            best, _, _ = run_restarts(operator, k, init="k-means++", n_init=1, max_iter=300, tol=EMBEDDING_TOL,
-                                      rng=rng, verbose=False, progress=False)
+        for r, best in enumerate(_embedding_kmeans(operator, k, seeds, backend, workers)):
             labels.append(backend.to_host(best.labels).astype(np.int32))
             bar.set_postfix_str(f"k-means {r} of the embedding: {best.n_iter} iterations")
             bar.update()
@@ -262,6 +270,32 @@ def starts(init, n_init, A, d, k, backend, rng, *, verbose=False, progress=False
                       f"objective {best.objective:.10g}", flush=True)
     return labels, {"spectral_eigenvalues": w.tolist(), "eigensolver": solver, "eigensolver_iterations": iterations,
                     "spectral_seconds": seconds, "spectral_components": int(info.get("components", 1))}
+
+
+def _cpu_threads() -> int:
+    """The threads numba may use here (NUMBA_NUM_THREADS, or the caller's numba.set_num_threads)."""
+    import numba
+
+    return max(1, numba.get_num_threads())
+
+
+def _embedding_kmeans(operator, k, seeds, backend, workers):
+    """Yield, in order, the k-means run on the embedding from one k-means++ start per seed; on the CPU up to
+    ``workers`` at once in threads (BLAS and numba release the GIL; each run on one thread of each)."""
+    from kkmgpu.engine.lloyd import run_restarts
+
+    def one(seed):
+        with _numba_one_thread() if not backend.is_gpu else contextlib.nullcontext():  # per thread: its own
+            return run_restarts(operator, k, init="k-means++", n_init=1, max_iter=300, tol=EMBEDDING_TOL,
+                                rng=np.random.default_rng(int(seed)), verbose=False, progress=False)[0]
+
+    if workers <= 1:
+        yield from map(one, seeds)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kkmgpu-start") as pool:
+        yield from pool.map(one, seeds)
 
 
 def _embedding_operator(E, backend):
@@ -282,8 +316,9 @@ def _embedding_operator(E, backend):
         def device_rows(self, index):
             if self.backend.is_gpu:
                 return super().device_rows(index)
-            if not hasattr(self, "_transposed"):
-                self._transposed = np.ascontiguousarray(self.A.T)
-            return self.A[index] @ self._transposed
+            return self.A[index] @ self.transposed
 
-    return Operator(E, backend.xp.ones(E.shape[0], dtype=backend.xp.float64), backend)
+    operator = Operator(E, backend.xp.ones(E.shape[0], dtype=backend.xp.float64), backend)
+    if not backend.is_gpu:   # made here, before any thread reads it
+        operator.transposed = np.ascontiguousarray(operator.A.T)
+    return operator
