@@ -18,8 +18,8 @@ of that size (all 70,000 take it many minutes on 2 cores). The published figures
 hardware their papers give (PUBLISHED). ``million``: one fit at n = 10^6. ``curve``: one fit per size.
 ``grid``: NMI and time of n_landmarks x landmark_neighbors on MNIST-70k (the only set they were tuned on).
 
-Results merge into ``bench/results/<date>-<device>-graphs.json`` (the graphs bench's file), with the load average
-of the machine at the start of each case.
+Results merge into ``bench/results/<date>-<device>-graphs-landmark.json``, with the load average of the machine
+at the start of each case.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
+
+SCHEMA = "kkmgpu-bench-graphs/1"
 
 #: MNIST-70k figures of the U-SPEC paper (Huang et al., TKDE 2020) as issue 29 quotes them; the hardware is that
 #: paper's desktop CPU, not this machine's
@@ -151,7 +153,7 @@ def _case(run, who, n, seed, device, params, timeout, tag):
     return case
 
 
-def main(argv, Run):
+def main(argv, Run=None):
     parser = argparse.ArgumentParser(prog="bench_graphs.py landmark", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="phase", required=True)
     m = sub.add_parser("mnist")
@@ -179,7 +181,10 @@ def main(argv, Run):
     args = parser.parse_args(argv)
     if args.phase == "child":
         return child(args)
-    run = Run(args.device, ["landmark", *argv])
+    from _kkmgpu_bench import ScriptRun
+
+    run = ScriptRun(args.device, ["landmark", *argv], script="bench/bench_graphs.py", topic="graphs-landmark",
+                    schema=SCHEMA)
     if args.phase == "mnist":
         for seed in args.seeds:
             _case(run, "landmark", 70_000, seed, args.device, {}, args.timeout, "mnist")
