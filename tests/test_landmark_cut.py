@@ -254,3 +254,16 @@ def test_identical_points_warn_once_at_the_callers_line():
     said = [w for w in caught if "distinct clusters" in str(w.message)]
     assert len(said) == 1 and said[0].filename == __file__, [(str(w.message), w.filename) for w in caught]
     assert result.objective == 0.0 and np.unique(result.labels).size == 1
+
+
+def test_verbose_and_progress_report_every_step(capsys):
+    X, _ = make_blobs(500, centers=3, random_state=0)
+    result = kkmgpu.fit(X, 3, objective="ncut", method="landmark", n_landmarks=30, device="cpu", random_state=0,
+                        verbose=True, progress=True)
+    captured = capsys.readouterr()
+    said = [line for line in captured.out.splitlines() if line.startswith("[kkmgpu] landmark:")]
+    for step in ("30 representatives", "bipartite graph: 500 points", "transfer cut: lambda", "k-means on the",
+                 "refinement: ncut"):
+        assert any(step in line for line in said), (step, said)
+    assert f"{result.objective:.6g}" in said[-1]                     # the cut itself, as result.objective
+    assert "ncut (landmark): 5/5 step" in captured.err
