@@ -12,10 +12,42 @@ import math
 
 import numpy as np
 
-from kkmgpu import _validation
+from kkmgpu import _validation, _warn
 
 #: features whose largest centred |value| lies outside [2**-LIMIT, 2**LIMIT] of their dtype are scaled by a power of two
 FEATURE_RANGE = {np.dtype(np.float32): 60, np.dtype(np.float64): 500}
+#: the bulk's spread is estimated on at most this many rows (a fixed stride: the same rows on every call)
+SPREAD_SAMPLE = 4096
+#: warn when the bulk's spread is below this many units in the last place of the data's extent
+RESOLUTION = 64
+
+
+def bulk(Xd, backend):
+    """(median, spread) of a strided sample of at most SPREAD_SAMPLE rows, in float64 on the host: the columns'
+    medians (a location inside the bulk of the points, however far a few outliers lie) and the largest column's
+    median absolute deviation (the bulk's spread)."""
+    step = max(1, -(-Xd.shape[0] // SPREAD_SAMPLE))
+    S = np.asarray(backend.to_host(Xd[::step]), dtype=np.float64)
+    median = np.median(S, axis=0)
+    return median, float(np.median(np.abs(S - median), axis=0).max())
+
+
+def check_resolution(Xd, center, dtype, backend):
+    """PrecisionWarning where the features in ``dtype`` cannot tell most points apart: the centre (the mean) lies
+    so far from the bulk of the points (a few far outliers pull it away) that, after centring, the bulk's spread is
+    below RESOLUTION units in the last place of its values (e.g. one point at 1e15 beside 3,000 spread over 10, in
+    float32: the bulk sits 3e11 from the mean). The graph would be built on rounding, silently."""
+    from kkmgpu.kernels.spec import PrecisionWarning
+
+    median, spread = bulk(Xd, backend)
+    offset = float(np.abs(median - np.asarray(backend.to_host(center), dtype=np.float64)).max())
+    eps = float(np.finfo(dtype).eps)
+    if spread > 0 and math.isfinite(offset) and spread < RESOLUTION * eps * offset:
+        _warn.warn(f"dtype={np.dtype(dtype).name} cannot resolve most of these points: centred on their mean, which "
+                   f"a few far points pull {offset:.3g} away from the bulk, the bulk's spread (the largest column's "
+                   f"median absolute deviation, {spread:.3g}) is below {RESOLUTION} units in the last place of its "
+                   "values, so the graph sees them as nearly identical. Use dtype='float64', or leave out the far "
+                   "points.", PrecisionWarning)
 
 
 def feature_exponent(Xd, center, dtype, backend) -> int:
@@ -30,6 +62,7 @@ def feature_exponent(Xd, center, dtype, backend) -> int:
     step = tile_rows(Xd.shape[1], 8, backend=backend)
     for i0 in range(0, Xd.shape[0], step):
         largest = max(largest, float(xp.abs(Xd[i0:i0 + step].astype(xp.float64) - center).max()))
+    check_resolution(Xd, center, dtype, backend)
     limit = FEATURE_RANGE[np.dtype(dtype)]
     if largest == 0.0 or not math.isfinite(largest) or 2.0 ** -limit <= largest <= 2.0 ** limit:
         return 0

@@ -59,7 +59,7 @@ class LandmarkState:
     """What predict needs: the features' preparation, the representatives kept, sigma, and the assignment rule's
     totals (the refinement's P, d(c), links; or the embedding's map and centres when there was no refinement)."""
 
-    center: object           # float64 (d,) mean subtracted from X
+    center: object           # float64 (d,) subtracted from X: the columns' medians of a strided sample of rows
     exponent: int            # the features are (X - center) / 2**exponent
     dtype: object            # the features' dtype
     reps: object             # device (p', d): the representatives with an edge
@@ -110,6 +110,11 @@ def check_args(X, k, *, objective, n_landmarks, landmark_neighbors, affinity, n_
         raise ValueError(f"sample_weight has {int((weights <= 0).sum())} zero weight(s); method='landmark' needs "
                          "positive weights (each point's edges shape the graph). Leave such points out.")
     weights = weights / 2.0 ** math.frexp(float(weights.max()))[1]
+    if sample_weight is not None and not (weights > 0).all():
+        raise ValueError(f"sample_weight spans {float(np.max(sample_weight)):.3g} to {float(np.min(sample_weight)):.3g}: "
+                         "relative to the largest, the smallest weights underflow float64 (below 2**-1074), so those "
+                         "points would weigh 0. method='landmark' needs every weight within float64's range of the "
+                         "largest; leave the negligible points out or compress the weights' range.")
     if isinstance(init, str):
         if init != "spectral":
             raise ValueError(f"init={init!r}: method='landmark' starts from its transfer-cut embedding ('spectral' or "
@@ -172,7 +177,9 @@ def fit(X, k, *, objective="ncut", n_landmarks=None, landmark_neighbors=None, af
         xp = backend.xp
         Xd = _validation.check_data(X, backend)
         ct = _scale.feature_dtype(dtype)
-        center = Xd.mean(axis=0, dtype=xp.float64)
+        # the bulk's median, not the mean: one point at 1e15 moves the mean far from every other point, and the
+        # GEMM-form keys |r|^2 - 2 x.r then lose their digits to the offset (NMI 0.003 in float64, 0.79 here)
+        center = backend.asarray(_scale.bulk(Xd, backend)[0])
         exponent = _exponent(Xd, center, ct, backend)
         weights = backend.asarray(weights_h)
         clock = time.perf_counter()

@@ -59,8 +59,10 @@ def representatives(Xd, p, center, exponent, dtype, rng, backend):
         return backend.asarray(S), m
     with warnings.catch_warnings():  # fewer distinct points than p: duplicate centres, which the graph tolerates
         warnings.simplefilter("ignore", ConvergenceWarning)
+        # in float64 (10 p rows): in float32 a far outlier's 1e30 squared norm in the inertia and the empty-cluster
+        # relocation left 6 distinct centres of 1500 beside 3,000 points spread over 10 (docs/graphs.md)
         km = KMeans(p, init="random", n_init=1, max_iter=LLOYD_ITERATIONS, tol=0.0, algorithm="lloyd",
-                    random_state=seed).fit(S)
+                    random_state=seed).fit(S.astype(np.float64))
     return backend.asarray(np.ascontiguousarray(km.cluster_centers_, dtype=S.dtype)), m
 
 
@@ -133,8 +135,13 @@ def keep_linked(B, dy, backend):
         return B, dy, kept
     new = xp.full(B.shape[1], -1, dtype=xp.int32)
     new[kept] = xp.arange(kept.shape[0], dtype=xp.int32)
-    B2 = _sparse.sparse_module(backend).csr_matrix((B.data, new[B.indices], B.indptr),
-                                                   shape=(B.shape[0], int(kept.shape[0])))
+    # a dropped column can still hold entries (edges whose Gaussian weight underflowed to 0, or points of weight
+    # 0): they go too. Renumbering them to -1 in place gave scipy a CSR with negative indices (a heap corruption)
+    B = B.tocoo()
+    col = new[B.col]
+    keep = col >= 0
+    B2 = _sparse.sparse_module(backend).coo_matrix((B.data[keep], (B.row[keep], col[keep])),
+                                                   shape=(B.shape[0], int(kept.shape[0]))).tocsr()
     return B2, dy[kept], kept
 
 
