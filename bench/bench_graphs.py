@@ -19,6 +19,8 @@
 - ``ncut_search``: ``n_neighbors="search"`` (the largest spectral gap ratio of 5 ... 30, the default family);
 - ``ratio_association``: ``objective="ratio_association"``;
 - ``rbf``: plain kernel k-means, RBF gamma="scale", n_init 10 (what the graph objectives are for).
+- ``landmark``: ``kkmgpu.fit(X, k, objective="ncut", method="landmark", random_state=seed)`` (its defaults:
+  p = min(1500, n) representatives, 5 each).
 
 NMI against the labels, seconds; the table of means is printed (markdown) and the cases merge into
 ``bench/results/<date>-<device>-graphs.json``.
@@ -65,7 +67,7 @@ from kkmgpu.metrics import nmi  # noqa: E402
 SCHEMA = "kkmgpu-bench-graphs/1"
 SETS = ("aggregation", "compound", "flame", "jain", "r15", "moons", "spirals", "wifi", "wine", "digits",
         "mnist-2000", "mnist-5000")
-CONTESTANTS = ("sklearn", "ncut", "ncut_kmeanspp", "ncut_search", "ratio_association", "rbf")
+CONTESTANTS = ("sklearn", "ncut", "ncut_kmeanspp", "ncut_search", "ratio_association", "rbf", "landmark")
 N_NEIGHBORS = 10
 
 
@@ -108,6 +110,8 @@ def contestant(name, X, k, seed, device):
                           **common).labels
     if name == "ncut_search":
         return kkmgpu.fit(X, k, objective="ncut", n_neighbors="search", **common)
+    if name == "landmark":
+        return kkmgpu.fit(X, k, objective="ncut", method="landmark", **common).labels
     if name == "ratio_association":
         return kkmgpu.fit(X, k, objective="ratio_association", n_neighbors=N_NEIGHBORS, **common).labels
     return kkmgpu.fit(X, k, n_init=10, **common).labels

@@ -4,6 +4,8 @@
     python bench/bench_graphs.py landmark million [--n 1000000] [--device cpu]
     python bench/bench_graphs.py landmark curve [--sizes 10000 30000 100000 300000 1000000] [--device cpu]
     python bench/bench_graphs.py landmark grid [--landmarks 1000 1500] [--neighbors 5] [--seeds 0 1 2]
+    python bench/bench_graphs.py landmark crossover [--sizes 5000 10000 20000 40000 70000] [--seeds 0]
+                                                    [--shapes spirals moons circles blobs100] [--shape-sizes 10000 50000]
 
 Every case runs in a child process (``child``): MNIST (pixels in [0, 1]), a random subset for n < 70,000, and for
 n > 70,000 MNIST repeated with Gaussian pixel noise of standard deviation 0.05 clipped to [0, 1]
@@ -17,6 +19,10 @@ SpectralClustering(nearest_neighbors, 10 neighbours, amg when pyamg is installed
 of that size (all 70,000 take it many minutes on 2 cores). The published figures are quoted beside, with the
 hardware their papers give (PUBLISHED). ``million``: one fit at n = 10^6. ``curve``: one fit per size.
 ``grid``: NMI and time of n_landmarks x landmark_neighbors on MNIST-70k (the only set they were tuned on).
+``crossover``: which route to take at which n. For each size and seed, the exact-graph ncut (the default call) and
+method="landmark" (its defaults) one after the other, each in its own process: MNIST samples (k = 10), then the
+shape sets of SHAPES (two spirals of two turns, two moons (noise 0.08), two circles (noise 0.05, factor 0.5), 100
+Gaussian clusters of unequal size in 2-D as in bench_graphs.py many-clusters; their own k) at ``--shape-sizes``, where the representatives may not resolve the shapes.
 
 Results merge into ``bench/results/<date>-<device>-graphs-landmark.json``, with the load average of the machine
 at the start of each case.
@@ -73,6 +79,34 @@ def load(n, seed=0, noise=0.05):
     return out[:n], np.tile(y, reps)[:n]
 
 
+#: the non-MNIST sets of ``crossover``: name -> (k, a function of n giving (X, y))
+def _spirals(n):
+    import kkmgpu
+
+    return kkmgpu.datasets.make_two_spirals(n, turns=2.0, random_state=0)
+
+
+def _moons(n):
+    from sklearn.datasets import make_moons
+
+    return make_moons(n, noise=0.08, random_state=0)
+
+
+def _circles(n):
+    from sklearn.datasets import make_circles
+
+    return make_circles(n, noise=0.05, factor=0.5, random_state=0)
+
+
+def _blobs100(n):
+    from bench_graphs import make_many_clusters
+
+    return make_many_clusters(n, 100)
+
+
+SHAPES = {"spirals": (2, _spirals), "moons": (2, _moons), "circles": (2, _circles), "blobs100": (100, _blobs100)}
+
+
 def _status_gib(field):
     with open("/proc/self/status") as f:
         line = next(line for line in f if line.startswith(field + ":"))
@@ -94,15 +128,20 @@ def child(args):
     import kkmgpu
     from kkmgpu.metrics import nmi
 
-    X, y = load(args.n, seed=args.data_seed)
+    if args.data == "mnist":
+        k = 10
+        X, y = load(args.n, seed=args.data_seed)
+    else:
+        k, make = SHAPES[args.data]
+        X, y = make(args.n)
     extra = json.loads(args.params)
     if args.who == "landmark":
         def run(data):
-            return kkmgpu.fit(data, 10, objective="ncut", method="landmark", device=args.device,
+            return kkmgpu.fit(data, k, objective="ncut", method="landmark", device=args.device,
                               random_state=args.seed, **extra)
     elif args.who == "exact":
         def run(data):
-            return kkmgpu.fit(data, 10, objective="ncut", device=args.device, random_state=args.seed, **extra)
+            return kkmgpu.fit(data, k, objective="ncut", device=args.device, random_state=args.seed, **extra)
     else:
         from sklearn.cluster import SpectralClustering
         try:
@@ -129,15 +168,16 @@ def child(args):
     if args.who != "sklearn":
         out.update(timings=result.timings, objective=result.objective, n_iter=result.n_iter,
                    params={k: v for k, v in result.method_params.items()
-                           if k in ("n_landmarks", "landmark_neighbors", "sigma", "start_ncut", "landmarks_linked")})
+                           if k in ("n_landmarks", "landmark_neighbors", "sigma", "start_ncut", "landmarks_linked",
+                                    "spectral_components", "eigensolver", "affinity", "n_neighbors")})
     else:
         out["eigen_solver"] = solver
     print(json.dumps(out))
 
 
-def _case(run, who, n, seed, device, params, timeout, tag):
+def _case(run, who, n, seed, device, params, timeout, tag, data="mnist"):
     command = [sys.executable, str(Path(__file__).resolve()), "child", "--who", who, "--n", str(n), "--seed",
-               str(seed), "--device", device, "--params", json.dumps(params)]
+               str(seed), "--device", device, "--params", json.dumps(params), "--data", data]
     load = list(os.getloadavg())
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -145,11 +185,13 @@ def _case(run, who, n, seed, device, params, timeout, tag):
             "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
     except subprocess.TimeoutExpired:
         measured = {"timed_out": True, "seconds_at_least": timeout}
-    case = run.add({"id": f"landmark-{tag}-{who}-n{n}-seed{seed}-{json.dumps(params, sort_keys=True)}",
-                    "kind": "landmark", "phase": tag, "contestant": who, "n": n, "seed": seed, "params": params,
-                    "load_average": load, **measured})
+    name = "" if data == "mnist" else f"{data}-"
+    case = run.add({"id": f"landmark-{tag}-{name}{who}-n{n}-seed{seed}-{json.dumps(params, sort_keys=True)}",
+                    "kind": "landmark", "phase": tag, "data": data, "contestant": who, "n": n, "seed": seed,
+                    "params": params, "load_average": load, **measured})
     shown = {k: case.get(k) for k in ("seconds", "nmi", "peak_above_data_gib", "error", "timed_out")}
-    print(f"  {tag} {who} n={n} seed={seed} {params or ''}: {json.dumps(shown)} (load {load[0]:.2f})", flush=True)
+    print(f"  {tag} {data} {who} n={n} seed={seed} {params or ''}: {json.dumps(shown)} (load {load[0]:.2f})",
+          flush=True)
     return case
 
 
@@ -168,7 +210,12 @@ def main(argv, Run=None):
     g.add_argument("--landmarks", type=int, nargs="+", default=[1000, 1500])
     g.add_argument("--neighbors", type=int, nargs="+", default=[5])
     g.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    for p in (m, b, c, g):
+    x = sub.add_parser("crossover")
+    x.add_argument("--sizes", type=int, nargs="*", default=[5_000, 10_000, 20_000, 40_000, 70_000])
+    x.add_argument("--seeds", type=int, nargs="+", default=[0])
+    x.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    x.add_argument("--shape-sizes", type=int, nargs="*", default=[10_000, 50_000])
+    for p in (m, b, c, g, x):
         p.add_argument("--device", default="cpu")
         p.add_argument("--timeout", type=float, default=3000)
     ch = sub.add_parser("child")
@@ -178,6 +225,7 @@ def main(argv, Run=None):
     ch.add_argument("--data-seed", type=int, default=0)
     ch.add_argument("--device", default="cpu")
     ch.add_argument("--params", default="{}")
+    ch.add_argument("--data", default="mnist", choices=["mnist", *SHAPES])
     args = parser.parse_args(argv)
     if args.phase == "child":
         return child(args)
@@ -197,6 +245,16 @@ def main(argv, Run=None):
         run.add({"id": "landmark-published", "kind": "landmark", "phase": "published", "figures": PUBLISHED})
     elif args.phase == "million":
         _case(run, "landmark", args.n, 0, args.device, {}, args.timeout, "million")
+    elif args.phase == "crossover":
+        for n in args.sizes:
+            for seed in args.seeds:
+                for who in ("exact", "landmark"):
+                    _case(run, who, n, seed, args.device, {}, args.timeout, "crossover")
+        for shape in args.shapes:
+            for n in args.shape_sizes:
+                for seed in args.seeds:
+                    for who in ("exact", "landmark"):
+                        _case(run, who, n, seed, args.device, {}, args.timeout, "crossover", data=shape)
     elif args.phase == "curve":
         for n in args.sizes:
             _case(run, "landmark", n, 0, args.device, {}, args.timeout, "curve")
