@@ -181,6 +181,7 @@ def test_the_spectral_starts_do_not_depend_on_the_threads_they_ran_on(monkeypatc
         return run_restarts(*args, **kwargs)
 
     monkeypatch.setattr(lloyd, "run_restarts", spy)
+    monkeypatch.setattr(graph_spectral, "SERIAL_KMEANS", 0)   # side by side at this size too
     before = numba.get_num_threads()
     results = {}
     try:

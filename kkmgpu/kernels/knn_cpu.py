@@ -17,6 +17,7 @@ lower bounds, :mod:`kkmgpu.kernels.knn_bounds`, runs it on its projected feature
 
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -232,9 +233,16 @@ def search(A, n_neighbors: int, block: int = BLOCK, panel: int = PANEL, workers:
 
 def _one_blas_thread():
     # the workers' GEMMs run side by side, one BLAS thread each (threadpoolctl, a dependency)
-    from threadpoolctl import threadpool_limits
+    return _blas_controller().limit(limits=1, user_api="blas")
 
-    return threadpool_limits(1, user_api="blas")
+
+@functools.lru_cache(maxsize=None)
+def _blas_controller():
+    # threadpoolctl's view of the loaded thread pools, found once: threadpool_limits scans the process's
+    # libraries on every call (2-6 ms, most of a 1,000-point search on the 2-core CPU)
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 def nearest_neighbors(A, n_neighbors: int, block: int = BLOCK, panel: int = PANEL, workers: int | None = None, *,

@@ -60,6 +60,22 @@ def one_thread(backend):
         yield
 
 
+#: a CPU neighbour search of n points in d dimensions with n^2 (d + 32) below this runs on one thread
+SERIAL_SEARCH = 2 ** 29
+
+
+def search_threads(shape, backend):
+    """:func:`one_thread` for the graph's neighbour search of ``shape`` (n, d) on the CPU where it is small (n^2
+    (d + 32) < SERIAL_SEARCH: two moons, digits), else a block that changes nothing. The search's products and
+    list passes are then a few milliseconds each, and two threads that meet at a barrier on each lose: 1,000 points
+    in 2-D (2-core CPU, load 3.5) took 44 ms with two threads and 16 ms with one; 1,797 x 64 (digits) 70 ms and
+    48 ms. The neighbours are the same on any number of threads (exact, ties to the lower index)."""
+    n, d = shape
+    if backend.is_gpu or float(n) * n * (d + 32) >= SERIAL_SEARCH:
+        return contextlib.nullcontext()
+    return one_thread(backend)
+
+
 @contextlib.contextmanager
 def _numba_one_thread():
     """numba on one thread in the calling thread (its setting is thread-local; the caller's comes back)."""
@@ -143,7 +159,7 @@ def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MA
             w, V, iterations = _arpack_top(N, k, X0[:, 0], tol=tol, maxiter=maxiter, rng=restarts)
         else:
             w, V, iterations = _top_by_components(N, component, count, k, X0[:, 0], tol=tol, maxiter=maxiter,
-                                                  rng=restarts, bar=bar)
+                                                  rng=restarts, bar=bar, d=backend.to_host(d))
     if V is None:   # a GPU, or ARPACK did not converge
         X0[:, 0] = np.sqrt(backend.to_host(d))
         lobpcg = import_cupyx("scipy.sparse.linalg").lobpcg if backend.is_gpu else _scipy_lobpcg()
@@ -166,20 +182,28 @@ def _components(A):
 DENSE_COMPONENT = 64
 
 
-def _top_by_components(N, component, count, k, v0, *, tol, maxiter, rng, bar=None):
+def _top_by_components(N, component, count, k, v0, *, tol, maxiter, rng, bar=None, d=None):
     """(w, V, matvecs) of the k largest eigenpairs of the block-diagonal N (one block per connected component;
     CPU): the union of the blocks' spectra, each block solved alone, by ARPACK (connected: a single-vector Krylov
     method is reliable there) or densely when small; every block has the eigenvalue 1 once, so a graph of c
     components gets it c times, which ARPACK on the whole of N cannot be trusted to find. (None, None, 0) where a
-    block's ARPACK does not converge. Ties at the k-th eigenvalue are broken by component order."""
+    block's ARPACK does not converge. Ties at the k-th eigenvalue are broken by component order.
+
+    The c eigenvalues 1 are all among the top k when c <= k, so a block needs only its k - c + 1 largest. Where
+    c >= k, the top k are k of the eigenvalues 1 and no block is solved: a block's is D_b^1/2 1 / ||D_b^1/2 1||
+    (``d``: the degrees), and the k components of largest volume d(b) are taken (ties: component order), the
+    rest left together at the embedding's origin (two spirals, 1,000 points: 28 ms of ARPACK on the two
+    components saved, 2-core CPU)."""
     n = N.shape[0]
     order = np.argsort(component, kind="stable")
     bounds = np.searchsorted(component[order], np.arange(count + 1))
+    if count >= k and d is not None:
+        return _indicator_vectors(order, bounds, count, k, np.asarray(d, dtype=np.float64), n)
     values, vectors, matvecs = [], [], 0
     for c in range(count):
         rows = order[bounds[c]:bounds[c + 1]]
         block = N[rows][:, rows]
-        want = min(k, rows.size)
+        want = min(k - count + 1, rows.size)
         if rows.size <= max(DENSE_COMPONENT, 5 * want + 1):
             w, V = np.linalg.eigh(block.toarray())
             w, V = w[::-1][:want], V[:, ::-1][:, :want]
@@ -199,6 +223,19 @@ def _top_by_components(N, component, count, k, v0, *, tol, maxiter, rng, bar=Non
         rows, block_vectors = vectors[c]
         V[rows, column] = block_vectors[:, j]
     return w, V, matvecs
+
+
+def _indicator_vectors(order, bounds, count, k, d, n):
+    """(w, V, 0): the eigenvalue 1 of the k components of largest volume (``order``, ``bounds``: the points of
+    each component), each with its eigenvector D_b^1/2 1 / ||D_b^1/2 1|| (the largest of a connected block)."""
+    volume = np.add.reduceat(d[order], bounds[:-1])
+    chosen = np.lexsort((np.arange(count), -volume))[:k]
+    V = np.zeros((n, k))
+    for column, c in enumerate(chosen):
+        rows = order[bounds[c]:bounds[c + 1]]
+        root = np.sqrt(d[rows])
+        V[rows, column] = root / np.linalg.norm(root)
+    return np.ones(k), V, 0
 
 
 def _arpack_top(N, k, v0, *, tol, maxiter, rng):
@@ -243,7 +280,7 @@ def starts(init, n_init, A, d, k, backend, rng, *, verbose=False, progress=False
         return [init], {}
     from kkmgpu._progress import progress_bar
 
-    workers = 1 if backend.is_gpu else min(n_init, _cpu_threads())
+    workers = 1 if backend.is_gpu or A.shape[0] * k < SERIAL_KMEANS else min(n_init, _cpu_threads())
     with progress_bar(1 + n_init, desc="spectral start", unit="step", enabled=progress) as bar, one_thread(backend):
         t0 = time.perf_counter()
         info = {}
@@ -270,6 +307,12 @@ def starts(init, n_init, A, d, k, backend, rng, *, verbose=False, progress=False
                       f"objective {best.objective:.10g}", flush=True)
     return labels, {"spectral_eigenvalues": w.tolist(), "eigensolver": solver, "eigensolver_iterations": iterations,
                     "spectral_seconds": seconds, "spectral_components": int(info.get("components", 1))}
+
+
+#: the k-means of an (n, k) embedding with n k below this run one after the other in the calling thread: each
+#: takes about a millisecond, less than starting and joining the threads that would share them (wine, 178 points:
+#: 24 ms of a 60 ms fit waited on their locks, 2-core CPU, load 2.6); they draw the same starts either way
+SERIAL_KMEANS = 2 ** 15
 
 
 def _cpu_threads() -> int:

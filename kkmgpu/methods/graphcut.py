@@ -48,6 +48,7 @@ from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import graphs as _graphs
 from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.methods import graph_scale as _scale
+from kkmgpu.methods import graph_refine as _refine
 from kkmgpu.methods import graph_spectral as _spectral
 from kkmgpu.methods.graph_scale import graph_features
 from kkmgpu.methods.graph_spectral import psd_shift, spectral_embedding  # noqa: F401  (re-exported)
@@ -261,8 +262,9 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
             center = Xd.mean(axis=0, dtype=backend.xp.float64)
             scaled = _scale.feature_exponent(Xd, center, _scale.feature_dtype(dtype), backend)
             features = graph_features(Xd, dtype, backend, center, scaled)[1]
-            state_graph = _graphs.build_graph(features, n_neighbors, affinity, backend, neighbors=neighbors,
-                                              precision=gemm_precision, progress=progress)
+            with _spectral.search_threads(features.shape, backend):
+                state_graph = _graphs.build_graph(features, n_neighbors, affinity, backend, neighbors=neighbors,
+                                                  precision=gemm_precision, progress=progress)
             A = state_graph.graph
         k = _validation.check_k(k, n)
         A, exponent = _scale.normalize_scale(A)
@@ -306,19 +308,18 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
         with warnings.catch_warnings(record=True) as caught, _spectral.one_thread(backend):  # said once below
             warnings.simplefilter("always")
             runs = []
+            refine = _refine.Refinements(K, weights, k, backend, fit_exact=fit_exact, dtype=dtype, n_init=n_init,
+                                  max_iter=max_iter, tol=tol, rng=rng, keep_on_device=keep_on_device,
+                                  progress=progress)
             for r, labels0 in enumerate(starts):
-                runs.append(fit_exact(K, k, kernel="precomputed", sample_weight=backend.to_host(weights),
-                                      device=backend.name, dtype=dtype, init=labels0,
-                                      n_init=1 if not isinstance(labels0, str) else n_init,
-                                      max_iter=max_iter, tol=tol, random_state=rng, verbose=False,
-                                      keep_on_device=keep_on_device, progress=progress))  # a nested bar
+                runs.append(refine(labels0))
                 cut = float(reported(runs[-1].objective))
                 lowest = float(reported(min(run.objective for run in runs)))
                 bar.set_postfix_str(f"start {r}: {objective} {cut:.6g}, lowest {lowest:.6g}")
                 bar.update()
                 if verbose:
                     _say_refinement(runs[-1], r if len(starts) > 1 else None, objective, reported)
-        best = min(runs, key=lambda r: r.objective)
+            best = refine.result(min(runs, key=lambda r: r.objective))
         _say_again(caught, None if affinity == "precomputed" else Xd, best.labels, backend.to_host(weights), k,
                    backend)
         final = graph_objective(A, d, best.labels, k, objective, backend)
