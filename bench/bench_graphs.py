@@ -6,6 +6,7 @@
     python bench/bench_graphs.py plot   # the spirals picture of docs/graphs.md
     python bench/bench_graphs.py many-clusters [--n 5000 20000 100000] [--k 100] [--equal] [--box 100] [--seeds 0]
     python bench/bench_graphs.py landmark {mnist,million,curve,grid} ...   # method='landmark': bench/bench_landmark.py
+    python bench/bench_graphs.py fixed-cost [--sets ...] [--seeds 0] [--repeats 7]   # the small sets, ms by ms
 
 ``quality``: on the shape sets (aggregation, compound, flame, jain, r15; standardised), two moons
 (scikit-learn's make_moons(1000, noise=0.08)), two spirals (kkmgpu.datasets.make_two_spirals(1000)), WiFi, Wine
@@ -263,6 +264,55 @@ def many_clusters(args):
                   + f" (eigenvectors {row['spectral_seconds']:.2f} s, {row['components']} components)", flush=True)
 
 
+def fixed_cost(args):
+    """The small sets' fixed cost (issue 29 point 1): kkmgpu's default ncut and scikit-learn's
+    SpectralClustering(nearest_neighbors, arpack) alternately in this process, ``--repeats`` times per set and
+    seed after a warm-up of each: median seconds, their ratio, kkmgpu's median timings and both NMIs. Written to
+    ``bench/results/<date>-<device>-graphs-fixedcost.json``."""
+    import os
+    import warnings
+
+    from _kkmgpu_bench import ScriptRun
+    from sklearn.cluster import SpectralClustering
+
+    run = ScriptRun(args.device, ["fixed-cost", *sys.argv[2:]], script="bench/bench_graphs.py",
+                    topic="graphs-fixedcost", schema=SCHEMA)
+
+    def sklearn(X, k, seed):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "Graph is not fully connected"
+            return SpectralClustering(k, affinity="nearest_neighbors", n_neighbors=N_NEIGHBORS,
+                                      random_state=seed).fit(X).labels_
+
+    for name in args.sets:
+        X, y, k = load_set(name)
+        for seed in args.seeds:
+            kkmgpu.fit(X, k, objective="ncut", device=args.device, random_state=seed)   # warm-up
+            sklearn(X, k, seed)
+            ours, theirs, timings = [], [], []
+            load = os.getloadavg()[0]
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                result = kkmgpu.fit(X, k, objective="ncut", device=args.device, random_state=seed)
+                ours.append(time.perf_counter() - t0)
+                timings.append(result.timings)
+                t0 = time.perf_counter()
+                labels = sklearn(X, k, seed)
+                theirs.append(time.perf_counter() - t0)
+            row = {"set": name, "n": int(X.shape[0]), "k": k, "seed": seed, "repeats": args.repeats,
+                   "kkmgpu_seconds": statistics.median(ours), "sklearn_seconds": statistics.median(theirs),
+                   "kkmgpu_nmi": nmi(y, np.asarray(result.labels)), "sklearn_nmi": nmi(y, labels),
+                   "timings": {key: statistics.median(t[key] for t in timings) for key in timings[0]},
+                   "components": result.method_params.get("spectral_components"),
+                   "load_average": [load, os.getloadavg()[0]]}
+            row["ratio"] = row["kkmgpu_seconds"] / row["sklearn_seconds"]
+            run.add({"id": f"fixed-cost-{name}-seed{seed}", "kind": "fixed-cost", **row})
+            print(f"{name:12s} seed {seed}: kkmgpu {1e3 * row['kkmgpu_seconds']:.1f} ms (NMI {row['kkmgpu_nmi']:.3f}), "
+                  f"sklearn {1e3 * row['sklearn_seconds']:.1f} ms (NMI {row['sklearn_nmi']:.3f}), ratio "
+                  f"{row['ratio']:.2f}; kkmgpu " + ", ".join(f"{key} {1e3 * v:.1f}" for key, v in row["timings"].items())
+                  + f" ms; load {load:.1f}", flush=True)
+
+
 def plot(args):
     import matplotlib
 
@@ -350,11 +400,16 @@ def main(argv=None):
     m.add_argument("--box", type=float, default=100.0)
     m.add_argument("--seeds", type=int, nargs="+", default=[0])
     m.add_argument("--device", default="cpu")
+    f = sub.add_parser("fixed-cost")
+    f.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
+    f.add_argument("--seeds", type=int, nargs="+", default=[0])
+    f.add_argument("--repeats", type=int, default=7)
+    f.add_argument("--device", default="cpu")
     p = sub.add_parser("plot")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "images" / "spirals-ncut.png"))
     args = parser.parse_args(argv)
     {"quality": quality, "speed": speed, "search": search, "child": child, "plot": plot,
-     "many-clusters": many_clusters}[args.command](args)
+     "many-clusters": many_clusters, "fixed-cost": fixed_cost}[args.command](args)
 
 
 if __name__ == "__main__":
