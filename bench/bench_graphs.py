@@ -21,7 +21,7 @@
 - ``ratio_association``: ``objective="ratio_association"``;
 - ``rbf``: plain kernel k-means, RBF gamma="scale", n_init 10 (what the graph objectives are for).
 - ``landmark``: ``kkmgpu.fit(X, k, objective="ncut", method="landmark", random_state=seed)`` (its defaults:
-  p = min(1500, n) representatives, 5 each).
+  p = min(1500, max(k, n // 4)) representatives, 5 each).
 
 NMI against the labels, seconds; the table of means is printed (markdown) and the cases merge into
 ``bench/results/<date>-<device>-graphs.json``.

@@ -150,8 +150,8 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
         (approximate kernel k-means, Chitta et al. 2011) restricts the centres to the span of
         ``n_landmarks`` sampled points: k-means on their Nystrom features K_B K_BB^(-1/2), O(n m) memory,
         no n x n matrix; ``result.objective`` is its approximate objective (an upper bound of the exact one).
-        "landmark" (objective="ncut"): the cut through ``n_landmarks`` (default 1500) k-means representatives,
-        O(n (d + r)) memory, no n x n work (:mod:`kkmgpu.methods.landmark_cut`; docs/graphs.md, "Landmark route").
+        "landmark" (objective="ncut"): the cut through ``n_landmarks`` (default min(1500, max(k, n // 4)))
+        k-means representatives, O(n (d + r)) memory, no n x n work (:mod:`kkmgpu.methods.landmark_cut`; docs/graphs.md, "Landmark route").
     device : {"auto", "cpu", "cuda", "cuda:N"}, default="auto"
         "auto" takes the GPU when CuPy and a device are usable, else the CPU.
         ``KKMGPU_DEVICE=cpu`` in the environment forces the CPU.

@@ -140,7 +140,7 @@ def _build_parser():
                      help="eigen: the top R eigenpairs of K (default: all up to n=4096, else max(128, 8 K))")
     fit.add_argument("--n-landmarks", type=int, default=None, metavar="M",
                      help="approx: landmarks the centres are restricted to (default: min(n, max(1000, 20 K))); "
-                          "landmark: the representatives (default: min(n, 1500))")
+                          "landmark: the representatives (default: min(1500, max(k, n // 4)))")
     fit.add_argument("--landmark-neighbors", type=int, default=None, metavar="R",
                      help="landmark: the nearest representatives each point links to (default: 5)")
     fit.add_argument("--landmarks", choices=("uniform", "kmeans++"), default="uniform",

@@ -1,7 +1,7 @@
 """``fit(X, k, objective="ncut", method="landmark")``: the normalized cut at millions of points through p
 representatives (U-SPEC, Huang et al., TKDE 2020; transfer cut, Li, Wu and Chang, CVPR 2012).
 
-1. p representatives (``n_landmarks``, default min(1500, n)): k-means centres of min(10 p, n) points drawn
+1. p representatives (``n_landmarks``, default min(1500, max(k, n // 4))): k-means centres of min(10 p, n) points drawn
    uniformly (U-SPEC's hybrid selection; :func:`kkmgpu.methods.landmark_graph.representatives`);
 2. the sparse bipartite graph B (n x p, CSR): each point linked to its r nearest representatives
    (``landmark_neighbors``, default 5) found by blocked GEMM distances, one row tile at a time, with Gaussian
@@ -45,11 +45,22 @@ from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.methods import graph_scale as _scale
 from kkmgpu.methods import landmark_graph as _lg
 
-#: defaults: p = min(DEFAULT_LANDMARKS, n) representatives, each point linked to its DEFAULT_NEIGHBORS nearest
+#: defaults: p = default_landmarks(n, k) representatives, each point linked to its DEFAULT_NEIGHBORS nearest
 #: (U-SPEC's r). Tuned on MNIST-70k alone (2-core CPU, seeds 0-3, NMI): p = 1500 gave 0.745-0.768 (3 or 5 Lloyd
 #: steps for the representatives alike), p = 1000 0.718-0.744; r = 10 gave 0.67-0.68 against r = 5's 0.72-0.75
 DEFAULT_LANDMARKS = 1500
 DEFAULT_NEIGHBORS = 5
+#: below 4 DEFAULT_LANDMARKS points, p = n // SMALL_N_SHARE (at least k): with p = n every point was its own
+#: representative, and the bipartite graph mostly each point's edge to itself (mean NMI 0.547 on the selection
+#: benchmark's tuning half; n // 2, n // 4, n // 8: 0.693, 0.706, 0.662; bench/selection_tuning/landmark_p.py)
+SMALL_N_SHARE = 4
+
+
+def default_landmarks(n, k) -> int:
+    """The default p: min(DEFAULT_LANDMARKS, max(k, n // SMALL_N_SHARE)), and at most n."""
+    return min(DEFAULT_LANDMARKS, max(k, n // SMALL_N_SHARE), n)
+
+
 #: the k-means of the embedding runs on at most this many of its rows (then every row to its nearest centre)
 KMEANS_SAMPLE = 100_000
 
@@ -96,7 +107,7 @@ def check_args(X, k, *, objective, n_landmarks, landmark_neighbors, affinity, n_
         shape = X.shape
     n = int(shape[0])
     k = _validation.check_k(k, n)
-    p = min(DEFAULT_LANDMARKS, n) if n_landmarks is None else _validation.check_int(n_landmarks, "n_landmarks")
+    p = default_landmarks(n, k) if n_landmarks is None else _validation.check_int(n_landmarks, "n_landmarks")
     if not k <= p <= n:
         raise ValueError(f"n_landmarks={p} must be between k={k} and n_samples={n}: the landmarks are k-means "
                          "centres of the points, and the k eigenvectors come from them.")
