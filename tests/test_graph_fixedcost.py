@@ -135,3 +135,25 @@ def test_serial_and_side_by_side_kmeans_give_the_same_fit(monkeypatch):
     monkeypatch.setattr(graph_spectral, "SERIAL_SEARCH", 0)      # and the search on the usual threads
     serial = kkmgpu.fit(X, 4, objective="ncut", device="cpu", random_state=3)
     _same(side, serial)
+
+
+@pytest.mark.parametrize("k", [2, 3, 7])
+def test_the_distinct_rows_shortcut_agrees_with_unique(k):
+    """_k_distinct_rows(X, k) is True exactly where np.unique finds k distinct rows among the first 1,024 (by value:
+    -0.0 and 0.0 are one point), so the fewer-distinct warning is checked in full only where it may apply."""
+    from kkmgpu.methods.graphcut import _k_distinct_rows
+
+    rng = np.random.default_rng(k)
+    backend = Backend("cpu")
+    for points in (1, k - 1, k, 2 * k, 50):
+        base = rng.integers(-2, 3, size=(max(points, 1), 3)).astype(np.float64)
+        base[0] = 0.0
+        X = base[rng.integers(0, base.shape[0], size=200)]
+        X[rng.random(200) < 0.3] *= -1.0          # -0.0 where a row holds 0.0
+        X[-1] = -base[0]
+        want = np.unique(X[:1024] + 0.0, axis=0).shape[0] >= k
+        assert _k_distinct_rows(X, k, backend) == want
+        assert _k_distinct_rows(X.astype(np.float32), k, backend) == want
+    wide = rng.normal(size=(2000, 4))
+    wide[:1024] = wide[0]                          # the rows past the first 1,024 are not read
+    assert not _k_distinct_rows(wide, k, backend)

@@ -398,7 +398,7 @@ def _say_again(caught, Xd, labels, weights_h, k, backend):
     methods' warning, :func:`kkmgpu._degenerate.warn_fewer_distinct`) said once, in place of the refinement's."""
     distinct = None
     with _warn.collect() as given:
-        if Xd is not None:
+        if Xd is not None and not _k_distinct_rows(Xd, k, backend):
             _degenerate.warn_fewer_distinct(Xd, labels, weights_h, k, backend, set())
     seen = set()
     for w in caught:
@@ -412,6 +412,18 @@ def _say_again(caught, Xd, labels, weights_h, k, backend):
         _warn.warn(str(w.message), w.category)
     if distinct is not None and "fewer_distinct" not in given:
         _warn.warn(str(distinct.message), distinct.category)
+
+
+def _k_distinct_rows(Xd, k, backend, rows=1024) -> bool:
+    """Whether X's first ``rows`` rows hold k distinct points (by value: -0.0 is 0.0), read a few at a time; then
+    X has at least k and warn_fewer_distinct would say nothing (every point of a graph fit has a positive
+    weight). Its sort of 1,024 MNIST rows took 80 ms of a 0.45 s fit (2-core CPU)."""
+    seen, step, end = set(), 4 * k, min(rows, Xd.shape[0])
+    for i0 in range(0, end, step):
+        seen.update(row.tobytes() for row in np.asarray(backend.to_host(Xd[i0:min(end, i0 + step)])) + 0.0)
+        if len(seen) >= k:
+            return True
+    return False
 
 
 def search_neighbors(X, k, *, random_state, device, **kwargs):
