@@ -131,6 +131,47 @@ def to_host(a):
 # MNIST
 
 
+def mnist_repeated(n, seed=0, noise=0.05):
+    """MNIST: all 70,000, a random subset of n, or (n > 70,000) MNIST repeated with Gaussian pixel noise (clipped
+    to [0, 1]; the copies filled in place, no concatenation)."""
+    import kkmgpu
+
+    X, y = kkmgpu.datasets.load_mnist()
+    X = X.astype(np.float32)       # load_mnist's pixels are in [0, 1] already
+    if n < X.shape[0]:
+        index = np.random.default_rng(seed).choice(X.shape[0], size=n, replace=False)
+        return X[index], y[index]
+    if n == X.shape[0]:
+        return X, y
+    rng = np.random.default_rng(seed)
+    reps = -(-n // X.shape[0])
+    out = np.empty((reps * X.shape[0], X.shape[1]), dtype=np.float32)
+    for r in range(reps):
+        block = out[r * X.shape[0]:(r + 1) * X.shape[0]]
+        block[:] = X
+        if r:
+            block += rng.normal(scale=noise, size=X.shape).astype(np.float32)
+            np.clip(block, 0, 1, out=block)
+    return out[:n], np.tile(y, reps)[:n]
+
+
+def status_gib(field: str) -> float:
+    """A /proc/self/status memory field (VmRSS, VmHWM) in GiB (Linux)."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(field + ":"))
+    return int(line.split()[1]) / 2**20
+
+
+def reset_peak() -> bool:
+    """Start a new resident high-water mark (Linux: VmHWM reset through clear_refs); False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def mnist_dir() -> Path:
     """$KKMGPU_MNIST_DIR, else ../shared/data/mnist next to the repository."""
     env = os.environ.get(ENV_MNIST_DIR, "").strip()

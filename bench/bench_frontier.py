@@ -46,6 +46,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _kkmgpu_bench import mnist_repeated, reset_peak, status_gib  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-frontier/1"
@@ -54,24 +56,7 @@ METHODS = ("cats", "approx", "approx_kmeanspp", "trimmed", "tiled", "nystroem", 
 KERNEL_METHODS = ("cats", "approx", "approx_kmeanspp", "trimmed", "tiled", "nystroem")
 
 
-def load(n, seed=0, noise=0.05):
-    """MNIST: all 70,000, a random subset of n, or (n > 70,000) MNIST repeated with Gaussian pixel noise."""
-    import kkmgpu
-
-    X, y = kkmgpu.datasets.load_mnist()
-    X = X.astype(np.float32)
-    if n < X.shape[0]:
-        index = np.random.default_rng(seed).choice(X.shape[0], size=n, replace=False)
-        return X[index], y[index]
-    if n == X.shape[0]:
-        return X, y
-    rng = np.random.default_rng(seed)
-    reps = -(-n // X.shape[0])
-    Xs, ys = [], []
-    for r in range(reps):
-        Xs.append(X if r == 0 else np.clip(X + rng.normal(scale=noise, size=X.shape).astype(np.float32), 0, 1))
-        ys.append(y)
-    return np.concatenate(Xs)[:n], np.concatenate(ys)[:n]
+load = mnist_repeated
 
 
 def rbf_gamma(X):
@@ -94,22 +79,6 @@ def settings(method, n, args):
     if method == "kmeans":
         return [("n_init", i) for i in (1, 3, 10)]
     raise ValueError(method)
-
-
-def _status_gib(field):
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1]) / 2**20
-
-
-def _reset_peak():
-    """Start a new resident high-water mark (Linux: VmHWM reset through clear_refs); False where not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _fit_case(method, X, value, gamma, device, seed):
@@ -155,8 +124,8 @@ def child(args):
     import gc
 
     gc.collect()
-    base = _status_gib("VmRSS")
-    peak_reset = _reset_peak()
+    base = status_gib("VmRSS")
+    peak_reset = reset_peak()
     t0 = time.perf_counter()
     extra = {}
     result = _fit_case(args.method, X, value, gamma, args.device, args.seed)
@@ -168,7 +137,7 @@ def child(args):
         extra["n_iter"] = int(result.n_iter)
     elif hasattr(result, "n_iter_"):
         extra["n_iter"] = int(result.n_iter_)
-    peak = _status_gib("VmHWM") if peak_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak = status_gib("VmHWM") if peak_reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     np.save(args.labels_out, labels)
     print(json.dumps({"seconds": seconds, "peak_rss_gib": peak, "data_rss_gib": base,
                       "peak_above_data_gib": peak - base, "peak_since_fit": peak_reset, "gamma": gamma, **extra}))

@@ -42,6 +42,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _kkmgpu_bench import mnist_repeated, reset_peak, status_gib  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 SCHEMA = "kkmgpu-bench-graphs/1"
@@ -57,26 +59,7 @@ PUBLISHED = {
 }
 
 
-def load(n, seed=0, noise=0.05):
-    import kkmgpu
-
-    X, y = kkmgpu.datasets.load_mnist()
-    X = X.astype(np.float32)       # load_mnist's pixels are in [0, 1] already
-    if n < X.shape[0]:
-        index = np.random.default_rng(seed).choice(X.shape[0], size=n, replace=False)
-        return X[index], y[index]
-    if n == X.shape[0]:
-        return X, y
-    rng = np.random.default_rng(seed)
-    reps = -(-n // X.shape[0])
-    out = np.empty((reps * X.shape[0], X.shape[1]), dtype=np.float32)
-    for r in range(reps):
-        block = out[r * X.shape[0]:(r + 1) * X.shape[0]]
-        block[:] = X
-        if r:
-            block += rng.normal(scale=noise, size=X.shape).astype(np.float32)
-            np.clip(block, 0, 1, out=block)
-    return out[:n], np.tile(y, reps)[:n]
+load = mnist_repeated
 
 
 #: the non-MNIST sets of ``crossover``: name -> (k, a function of n giving (X, y))
@@ -105,21 +88,6 @@ def _blobs100(n):
 
 
 SHAPES = {"spirals": (2, _spirals), "moons": (2, _moons), "circles": (2, _circles), "blobs100": (100, _blobs100)}
-
-
-def _status_gib(field):
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1]) / 2**20
-
-
-def _reset_peak():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def child(args):
@@ -156,12 +124,12 @@ def child(args):
     if args.who != "sklearn":
         run(X[:2000])                   # numba's kernels compiled or loaded: paid once per process
     gc.collect()
-    base = _status_gib("VmRSS")
-    reset = _reset_peak()
+    base = status_gib("VmRSS")
+    reset = reset_peak()
     t0 = time.perf_counter()
     result = run(X)
     seconds = time.perf_counter() - t0
-    peak = _status_gib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak = status_gib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     labels = np.asarray(getattr(result, "labels", getattr(result, "labels_", None)))
     out = {"seconds": seconds, "nmi": float(nmi(y, labels)), "peak_above_data_gib": peak - base,
            "data_gib": X.nbytes / 2**30, "peak_since_fit": reset}

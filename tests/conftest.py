@@ -166,6 +166,18 @@ def gpu_usable():
     return cuda_skip_reason() is None
 
 
+def host(a):
+    """A NumPy copy of a NumPy or CuPy array."""
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def use_device(device):
+    """The device string, after skipping the test where it is "cuda" and no GPU (or stand-in) is usable."""
+    if device == "cuda":
+        require_cuda()
+    return device
+
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 

@@ -24,7 +24,7 @@ import scipy.sparse as sp
 from scipy.spatial.distance import cdist
 from sklearn.datasets import make_blobs, make_moons
 
-from conftest import require_cuda
+from conftest import host, use_device
 
 import kkmgpu
 from kkmgpu.metrics import nmi
@@ -33,14 +33,7 @@ DISTINCT = r"Number of distinct clusters \(\d\) found smaller than n_clusters \(
 CPU_AND_GPU = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def _host(a):
-    return np.asarray(a.get() if hasattr(a, "get") else a)
-
-
-def _use(device):
-    if device == "cuda":
-        require_cuda()
-    return device
+_host, _use = host, use_device
 
 
 def assert_same_partition(a, b, what=""):

@@ -11,7 +11,7 @@ import scipy.linalg
 from scipy.spatial.distance import cdist
 from sklearn.datasets import make_blobs, make_moons
 
-from conftest import require_cuda
+from conftest import host, use_device
 
 import kkmgpu
 from kkmgpu.backend.device import resolve_device
@@ -22,14 +22,7 @@ from kkmgpu.metrics import nmi
 CPU_AND_GPU = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def _host(a):
-    return np.asarray(a.get() if hasattr(a, "get") else a)
-
-
-def _use(device):
-    if device == "cuda":
-        require_cuda()
-    return device
+_host, _use = host, use_device
 
 
 def _graph(X, p, r, dtype, device="cpu", seed=0, weights=None):
