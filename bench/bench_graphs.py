@@ -5,7 +5,7 @@
     python bench/bench_graphs.py search [--n 70000] [--n-neighbors 10]   # the CPU's graph step taken apart
     python bench/bench_graphs.py plot   # the spirals picture of docs/graphs.md
     python bench/bench_graphs.py many-clusters [--n 5000 20000 100000] [--k 100] [--equal] [--box 100] [--seeds 0]
-    python bench/bench_graphs.py landmark {mnist,million,curve,grid} ...   # method='landmark': bench/bench_landmark.py
+    python bench/bench_graphs.py landmark {mnist,million,curve,grid,crossover} ...   # method='landmark': bench/bench_landmark.py
     python bench/bench_graphs.py fixed-cost [--sets ...] [--seeds 0] [--repeats 7]   # the small sets, ms by ms
 
 ``quality``: on the shape sets (aggregation, compound, flame, jain, r15; standardised), two moons
