@@ -63,6 +63,12 @@ def feature_exponent(Xd, center, dtype, backend) -> int:
     for i0 in range(0, Xd.shape[0], step):
         largest = max(largest, float(xp.abs(Xd[i0:i0 + step].astype(xp.float64) - center).max()))
     check_resolution(Xd, center, dtype, backend)
+    return exponent_of(largest, dtype)
+
+
+def exponent_of(largest, dtype) -> int:
+    """The power of two e putting ``largest`` (the features' largest centred |value|) in [1, 2) where it lies
+    outside ``dtype``'s FEATURE_RANGE, else 0."""
     limit = FEATURE_RANGE[np.dtype(dtype)]
     if largest == 0.0 or not math.isfinite(largest) or 2.0 ** -limit <= largest <= 2.0 ** limit:
         return 0

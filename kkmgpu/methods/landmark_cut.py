@@ -232,16 +232,15 @@ def fit(X, k, *, objective="ncut", n_landmarks=None, landmark_neighbors=None, af
             labels = backend.asarray(init).astype(xp.int64)
             embedding_converged = True
         P, size = _lg.cluster_totals(B, labels, weights, rows, k, backend)
-        start_cut = _lg.ncut(P, size, dy, backend)[0]
+        start_cut, links = _lg.ncut(P, size, dy, backend)
         step("kmeans", f"k-means on the {n} x {k} embedding ({n_init} starts): ncut {start_cut:.6g}")
+        cut = start_cut
         if max_iter > 0:
-            labels, history, n_iter, converged = _lg.refine(
-                B, rows, dy, weights, labels, k, max_iter, tol, backend,
-                report=(lambda it, cut: say(f"refinement step {it}: ncut {cut:.10g}")) if verbose else None)
-            P, size = _lg.cluster_totals(B, labels, weights, rows, k, backend)
+            labels, history, n_iter, converged, (P, size, cut, links) = _lg.refine(
+                B, rows, dy, weights, labels, k, max_iter, tol, backend, (P, size, start_cut, links),
+                report=(lambda it, value: say(f"refinement step {it}: ncut {value:.10g}")) if verbose else None)
         else:
             history, n_iter, converged = [start_cut], 0, embedding_converged
-        cut, links = _lg.ncut(P, size, dy, backend)
         step("refinement", f"refinement: ncut {start_cut:.6g} -> {cut:.6g} in {n_iter} step(s)")
         timings.update(kernel_build=timings["representatives"] + timings["graph"] + timings["eigen"],
                        init=timings["kmeans"], iterations=timings["refinement"], total=time.perf_counter() - t_start)
@@ -313,11 +312,7 @@ def _exponent(Xd, center, ct, backend) -> int:
         return _scale.feature_exponent(Xd, center, ct, backend)
     high = Xd.max(axis=0).astype(xp.float64) - center
     low = center - Xd.min(axis=0).astype(xp.float64)
-    largest = float(xp.maximum(high, low).max())
-    limit = _scale.FEATURE_RANGE[np.dtype(ct)]
-    if largest == 0.0 or not math.isfinite(largest) or 2.0 ** -limit <= largest <= 2.0 ** limit:
-        return 0
-    return math.frexp(largest)[1] - 1
+    return _scale.exponent_of(float(xp.maximum(high, low).max()), ct)
 
 
 def _neighbors(Xd, R, r, center, exponent, ct, backend, precision, rows=None, progress=False):

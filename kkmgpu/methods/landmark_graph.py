@@ -210,19 +210,18 @@ def assign(Bq, rows_q, P, size, links, dy, backend):
     return xp.argmin(score, axis=1)
 
 
-def refine(B, rows, dy, weights, labels, k, max_iter, tol, backend, report=None):
-    """Batch Lloyd steps of weighted kernel k-means on K = Phi Phi^T (module docstring) from ``labels``: every step
-    lowers the normalized cut on W_X. Stops when no point moves, the cut's relative decrease is at most ``tol``, or
-    after ``max_iter`` steps. Returns (labels, history (the cut before and after each step that moved points),
-    n_iter, converged). ``report(step, cut)`` is called after each step."""
-    xp = backend.xp
-    P, size = cluster_totals(B, labels, weights, rows, k, backend)
-    value, links = ncut(P, size, dy, backend)
+def refine(B, rows, dy, weights, labels, k, max_iter, tol, backend, totals, report=None):
+    """Batch Lloyd steps of weighted kernel k-means on K = Phi Phi^T (module docstring) from ``labels``, whose
+    ``totals`` (P, size, cut, links) the caller has (:func:`cluster_totals`, :func:`ncut`): every step lowers the
+    normalized cut on W_X. Stops when no point moves, the cut's relative decrease is at most ``tol``, or after
+    ``max_iter`` steps. Returns (labels, history (the cut before and after each step that moved points), n_iter,
+    converged, the final labels' totals). ``report(step, cut)`` is called after each step."""
+    P, size, value, links = totals
     history = [value]
     for step in range(1, max_iter + 1):
         new = assign(B, rows, P, size, links, dy, backend)
         if not bool((new != labels).any()):
-            return labels, history, step, True
+            return labels, history, step, True, (P, size, value, links)
         labels = new
         P, size = cluster_totals(B, labels, weights, rows, k, backend)
         value, links = ncut(P, size, dy, backend)
@@ -231,8 +230,8 @@ def refine(B, rows, dy, weights, labels, k, max_iter, tol, backend, report=None)
         if report is not None:
             report(step, value)
         if abs(previous - value) <= tol * abs(previous):
-            return labels, history, step, True
-    return labels, history, max_iter, False
+            return labels, history, step, True, (P, size, value, links)
+    return labels, history, max_iter, False, (P, size, value, links)
 
 
 def sigma_of(sq_dist, backend) -> float:
