@@ -141,7 +141,7 @@ export KKMGPU_MNIST_DIR=${KKMGPU_MNIST_DIR:-$KKMGPU_DATA_DIR/mnist}
 # GPU (KKMGPU_EMULATE_GPU=1, so a cuda case that skips for a device reason fails), -x, JUnit file; KIND bench: one
 # part of bench/bench_quick.py in its own process. Expected on an H100 (from the 2026-11-24 logs; see
 # bench/README.md, "The device check"): about 200 s of the 340.
-QUICK_STEPS="twins:test:100:30 same-bits:test:60:20 knn:test:45:15 approx-ncut:test:60:20 engine:bench:90:40
+QUICK_STEPS="twins:test:100:30 same-bits:test:60:20 knn:test:75:15 approx-ncut:test:60:20 engine:bench:90:40
 tiled:bench:60:30 cats:bench:60:30 ncut:bench:60:25"
 TARGETS_STEPS="tiled-1m:bench:120:60 ncut-1m:bench:150:60 approx-1m:bench:75:30"
 COLLECT_LIMIT=15

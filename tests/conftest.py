@@ -135,7 +135,8 @@ def pytest_terminal_summary(terminalreporter):
         counts = {}
         for outcome in _CUDA_OUTCOMES.values():
             counts[outcome] = counts.get(outcome, 0) + 1
-        where = {"standin": "on the CuPy stand-in", "gpu": "on the GPU"}.get(GPU_MODE, "(no GPU: skipped)")
+        where = {"standin": "on the CuPy stand-in", "gpu": "on the GPU"}.get(
+            GPU_MODE, "on the GPU" if counts.get("passed") or counts.get("failed") else "(no GPU: skipped)")
         terminalreporter.write_line(
             f"kkmgpu cuda cases {where}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 
