@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
 import time
 
 import numpy as np
 
-from kkmgpu.backend.device import import_cupyx
+from kkmgpu.backend.device import check_fits, import_cupyx
 from kkmgpu.engine import sparse as _sparse
 
 #: LOBPCG's tolerance and iteration cap for the spectral start
@@ -25,12 +26,23 @@ EIGEN_MAXITER = 500
 EMBEDDING_TOL = 1e-4
 
 
+#: graphs up to this many nodes get the PSD shift's smallest eigenvalue from a dense eigvalsh (host, float64)
+DENSE_SHIFT = 64
+
+
 def psd_shift(A, d, objective, backend, rng) -> float:
-    """The smallest sigma making K positive semi-definite, with a 1% margin (0 when it already is)."""
+    """The smallest sigma making K positive semi-definite, with a 1% margin (0 when it already is).
+
+    Lanczos (smallest algebraic) above DENSE_SHIFT nodes, a dense eigvalsh up to it on both devices. CuPy's
+    thick-restart Lanczos (up to at least 14.2) takes ncv = min(max(2k, k + 32), n - 1) vectors and writes the
+    (k + 2)-th at its first restart: with k = 1 it raised IndexError on a 3-node graph on an H100 (2026-11-26),
+    and a Krylov space that nearly fills R^n also meets its unguarded breakdown (beta -> 0). A Lanczos eigenvalue
+    that comes back non-finite (that breakdown, possible on a graph of few distinct eigenvalues) is recomputed
+    densely rather than read as sigma = 0."""
     M = normalized(A, d, backend) if objective == "ncut" else A
     n = A.shape[0]
-    if n <= 2:
-        lam = float(np.linalg.eigvalsh(np.asarray(backend.to_host(M.toarray())))[0])
+    if n <= DENSE_SHIFT:
+        lam = _smallest_dense(M, backend)
     else:
         v0 = backend.asarray(rng.standard_normal(n))
         restarts = _restart_rng(rng)  # drawn on both devices, so that the draws after it stay the same
@@ -39,8 +51,22 @@ def psd_shift(A, d, objective, backend, rng) -> float:
         else:
             from scipy.sparse.linalg import eigsh
             seeded = {"rng": restarts} if _arpack_takes_rng() else {}
-        lam = float(eigsh(M, k=1, which="SA", v0=v0, tol=1e-6, return_eigenvectors=False, **seeded)[0])
+        try:
+            lam = float(eigsh(M, k=1, which="SA", v0=v0, tol=1e-6, return_eigenvectors=False, **seeded)[0])
+        except np.linalg.LinAlgError:  # NaN in CuPy's Lanczos tridiagonal (kkmgpu.engine.embedding._lanczos_failed)
+            lam = math.nan
+        if not math.isfinite(lam):
+            lam = _smallest_dense(M, backend)
     return max(0.0, -lam) * 1.01
+
+
+def _smallest_dense(M, backend) -> float:
+    """The smallest eigenvalue of the sparse symmetric M by a dense eigvalsh (on the host for small M)."""
+    n = M.shape[0]
+    if n <= DENSE_SHIFT or not backend.is_gpu:
+        return float(np.linalg.eigvalsh(np.asarray(backend.to_host(M.toarray())))[0])
+    check_fits(3 * n * n * 8, backend, f"the dense eigenvalues of the {n} x {n} graph matrix (Lanczos broke down)")
+    return float(backend.xp.linalg.eigvalsh(M.toarray())[0])
 
 
 @contextlib.contextmanager

@@ -36,6 +36,8 @@ def eigsh(a, k=6, *, which="LM", v0=None, ncv=None, maxiter=None, tol=0, return_
     if v0 is not None and not isinstance(v0, _cp.ndarray):
         raise TypeError(f"Unsupported type {type(v0)}: v0 must be a device array")
     ncv = min(max(2 * k, k + 32), n - 1) if ncv is None else min(max(ncv, k + 2), n - 1)
+    if ncv < k + 2:  # CuPy's first thick restart writes V[k + 1] into its (ncv, n) basis (H100, n = 3, k = 1)
+        raise IndexError(f"Index {k + 1} is out of bounds for axis 0 with size {ncv}")
     if k >= n - 1 or ncv <= k:  # ARPACK needs k < ncv <= n: the whole spectrum instead
         dense = host.toarray() if hasattr(host, "toarray") else host
         w, x = _np.linalg.eigh(dense)
