@@ -11,6 +11,7 @@ from kkmgpu import _warn
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.methods import registry as _methods
 from kkmgpu.backend.device import Backend, check_fits, is_cupy_array, work_bytes
+from kkmgpu.backend.magnitude import largest_magnitude
 
 UPDATES = ("auto", "full", "incremental")
 INIT_NAMES = ("k-means++", "random")
@@ -171,11 +172,8 @@ def check_symmetric(K, backend: Backend, rtol=None, block=None, name="X"):
         itemsize = np.dtype(K.dtype).itemsize
         block = max(1, min(block, math.isqrt(work_bytes(block * block * itemsize, backend) // itemsize)))
     n = K.shape[0]
-    scale = 0.0
-    for i in range(0, n, block):  # max |K| from the max and min of row blocks: no temporary the size of a block
-        rows = K[i:i + block]
-        scale = xp.maximum(scale, xp.maximum(rows.max(), -rows.min()))
-    max_abs = float(scale)
+    # max |K| of row blocks from their bits (no temporary; a GPU's flush of subnormals to zero cannot hide them)
+    max_abs = max((largest_magnitude(K[i:i + block]) for i in range(0, n, block)), default=0.0)
     scale = max_abs or 1.0
     for i0 in range(0, n, block):
         i1 = min(n, i0 + block)
