@@ -242,10 +242,16 @@ def test_dense_update_reads_each_moved_row_once(device, n_moved, monkeypatch):
     assert np.all(np.diff(pairs) >= 0)
 
 
-def reference_kmeans_plus_plus_seeds(K, w, k, rng, n_local_trials):
+def reference_kmeans_plus_plus_seeds(K, w, k, rng, n_local_trials, follow=None):
     """Greedy weighted k-means++ seeds in float64 NumPy, one seed at a time, drawing from ``rng`` as the library
     does: one uniform for the first seed (inverse CDF of w / sum w, searched to the right), then ``n_local_trials``
-    per seed (inverse CDF of w D^2); with zero potential, uniform over the unchosen positive-weight points."""
+    per seed (inverse CDF of w D^2); with zero potential, uniform over the unchosen positive-weight points.
+
+    ``follow``: another run's seeds. Among the candidates, duplicates of the best one (the same row of D^2: the same
+    point in feature space) have the same potential in exact arithmetic, but a GPU's product adds identical rows in
+    orders that may differ (cuBLAS: an H100 chose 34 where NumPy's first of equal potentials was 36). Where
+    ``follow[j]`` is such a duplicate it is taken as seed j, and the reference goes on from it; any other seed is
+    replaced by the reference's, so that the sequences differ there."""
     n = K.shape[0]
     diag = np.diag(K)
     D2 = np.maximum(diag[:, None] + diag[None, :] - 2.0 * K, 0.0)
@@ -264,6 +270,8 @@ def reference_kmeans_plus_plus_seeds(K, w, k, rng, n_local_trials):
         candidates = np.minimum(np.searchsorted(c, draws[j - 1] * c[-1]), n - 1)
         potentials = np.minimum(closest[None, :], D2[candidates]) @ w  # one product: duplicates tie exactly
         best = int(candidates[int(np.argmin(potentials))])
+        if follow is not None and follow[j] in candidates and np.array_equal(D2[follow[j]], D2[best]):
+            best = int(follow[j])
         seeds.append(best)
         closest = np.minimum(closest, D2[best])
     return np.array(seeds)
@@ -297,11 +305,12 @@ def test_device_kmeans_plus_plus_picks_the_reference_seeds(device, case):
     with backend.activate():
         op = DenseKernelOperator(backend.asarray(K), backend.asarray(w), backend)
         for s in range(8):
-            expected = reference_kmeans_plus_plus_seeds(K, w, k, np.random.default_rng(s), trials)
             seeds = _host(_lloyd.kmeans_plus_plus_seeds(op, k, np.random.default_rng(s)))
+            expected = reference_kmeans_plus_plus_seeds(K, w, k, np.random.default_rng(s), trials, follow=seeds)
             np.testing.assert_array_equal(seeds, expected)
-            np.testing.assert_array_equal(_host(_lloyd.kmeans_plus_plus_seeds(HostRows(op), k,
-                                                                              np.random.default_rng(s))), expected)
+            through_host = _host(_lloyd.kmeans_plus_plus_seeds(HostRows(op), k, np.random.default_rng(s)))
+            np.testing.assert_array_equal(through_host, reference_kmeans_plus_plus_seeds(
+                K, w, k, np.random.default_rng(s), trials, follow=through_host))
             labels = _lloyd.kmeans_plus_plus(op, k, np.random.default_rng(s))
             D2 = np.diag(K)[None, :] + np.diag(K)[expected][:, None] - 2.0 * K[expected]
             nearest = np.argmin(D2, axis=0)
