@@ -85,11 +85,15 @@ def _error_bound(mode, d, S, a=None, gamma=None, K=None):
     """Entrywise bound of |K_mode - K_float64| (Higham's dot-product bound, gamma_n ~ n u).
 
     Inner products g = <x_i, x_j> of float32 features (rounded from float64: 2u) in a float32 GEMM: |dg| <= (d + 2) u
-    S_ij with S = |X| |X|^T. 3xTF32 adds the dropped L L^T and L read in TF32 (2^-22 S each) and sums 3 d terms;
-    TF32 rounds both operands to 2^-11 relative: 2^-10 S. The rbf kernel exp(-gamma (a_i + a_j - 2 g)) moves by
-    K gamma |dD| (norms a in float32: (d + 1) u) plus the epilogue's float32 rounding (4 u K).
+    S_ij with S = |X| |X|^T. On tensor cores the FP32 accumulation is not correctly rounded (it truncates: Fasi,
+    Higham, Mikaitis and Pranesh, PeerJ Comput. Sci. 2021), so each of its additions counts 2u, as in
+    kkmgpu.kernels.knn_exact.error_bound. 3xTF32 sums 3 d terms and adds the low parts' truncation to TF32 (2^-21
+    of the operand, twice) and the dropped L L^T (2^-22): 5 2^-22 S; TF32 rounds both operands to 2^-11: 2^-10 S.
+    The rbf kernel exp(-gamma (a_i + a_j - 2 g)) moves by K gamma |dD| (norms a in float32: (d + 1) u) plus the
+    epilogue's float32 rounding (4 u K).
     """
-    dg = {"fp32": (d + 2) * U32, "3xtf32": (3 * d + 2) * U32 + 2 * 2.0**-22, "tf32": (d + 2) * U32 + 2.0**-10}[mode]
+    dg = {"fp32": (d + 2) * U32, "3xtf32": (2 * 3 * d + 2) * U32 + 5 * 2.0**-22,
+          "tf32": (2 * d + 2) * U32 + 2.0**-10}[mode]
     if K is None:  # linear
         return dg * S
     dD = (d + 1) * U32 * (a[:, None] + a[None, :]) + 2 * dg * S
@@ -99,8 +103,10 @@ def _error_bound(mode, d, S, a=None, gamma=None, K=None):
 @pytest.mark.filterwarnings("ignore:gemm_precision='tf32' has no effect:UserWarning")
 @pytest.mark.parametrize("kernel", ["linear", "rbf"])
 def test_kernel_error_of_each_mode_is_bounded(device, kernel):
-    """Every mode stays within its bound of the float64 kernel; on a GPU 3xTF32 is within a small factor of FP32's
-    error and TF32 clearly above both (on the CPU every mode is plain float32: one K)."""
+    """Every mode stays within its bound of the float64 kernel; on a GPU 3xTF32's error is at most FP32's times the
+    ratio of their bounds (6.2 at d = 48: 3 d truncated additions against d rounded ones) and TF32's clearly above
+    both (on the CPU every mode is plain float32: one K). For the linear kernel the H100 gave 3.0 times FP32's error
+    (2026-11-26), the emulated GPU, which rounds its accumulation, 1.6."""
     rng = np.random.default_rng({"linear": 3, "rbf": 4}[kernel])
     n, d = 160, 48
     X = rng.normal(size=(n, d)) + rng.normal(scale=2.0, size=d)
@@ -125,7 +131,8 @@ def test_kernel_error_of_each_mode_is_bounded(device, kernel):
         np.testing.assert_array_equal(Ks["3xtf32"], Ks["fp32"])
         np.testing.assert_array_equal(Ks["tf32"], Ks["fp32"])
     else:
-        assert errors["3xtf32"] <= 3 * errors["fp32"], errors
+        factor = _error_bound("3xtf32", d, 1.0) / _error_bound("fp32", d, 1.0)
+        assert errors["3xtf32"] <= factor * errors["fp32"], (factor, errors)
         assert errors["tf32"] >= 30 * max(errors["fp32"], errors["3xtf32"]), errors
 
 
