@@ -184,19 +184,30 @@ def test_hostile_scales_offsets_float32_duplicates_and_an_outlier():
     assert np.isfinite(result.objective) and nmi(y, result.labels[:-1]) > 0.99
 
 
+def assert_same_partition(a, b):
+    """The same clusters whatever their numbers: the pairs (a_i, b_i) match each label of a with one of b."""
+    a, b = np.asarray(_host(a)), np.asarray(_host(b))
+    pairs = np.unique(np.stack([a, b]), axis=1)
+    assert pairs.shape[1] == np.unique(a).size == np.unique(b).size, pairs
+
+
 @pytest.mark.parametrize("device", CPU_AND_GPU)
 def test_devices_agree_and_the_estimator_runs(device):
+    """The GPU finds the CPU's clusters and cut (to float64 rounding; docs/devices-and-memory.md: devices agree to
+    rounding, not to the bit). The clusters' numbers may differ: they follow the order of the embedding's k-means++
+    seeds, a discrete draw that values moved in the last bits by another summation order can change (an H100 gave
+    the CPU's 5 clusters with 3 of them renumbered, 2026-11-26). predict gives the fit's own numbering."""
     _use(device)
     X, y = make_blobs(800, centers=5, cluster_std=1.2, random_state=7)
     kw = dict(objective="ncut", method="landmark", n_landmarks=60, random_state=3, dtype="float64")
     cpu = kkmgpu.fit(X, 5, device="cpu", **kw)
     result = kkmgpu.fit(X, 5, device=device, **kw)
-    np.testing.assert_array_equal(_host(result.labels), cpu.labels)
+    assert_same_partition(result.labels, cpu.labels)
     assert result.objective == pytest.approx(cpu.objective, rel=1e-9)
-    np.testing.assert_array_equal(kkmgpu.predict(result, X), cpu.labels)
+    np.testing.assert_array_equal(_host(kkmgpu.predict(result, X)), _host(result.labels))
     model = kkmgpu.KernelKMeans(5, objective="ncut", method="landmark", n_landmarks=60, random_state=3,
                                 device=device, dtype="float64").fit(X)
-    np.testing.assert_array_equal(model.labels_, cpu.labels)
+    assert_same_partition(model.labels_, cpu.labels)
     assert model.score(X) == pytest.approx(-cpu.objective, rel=1e-9)
 
 
