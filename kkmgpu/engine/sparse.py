@@ -11,7 +11,9 @@ they cost O(nnz) instead of O(n^2):
 * GPU (library calls, no custom kernel): the sparse-dense products S = K @ Y with Y the weighted one-hot
   indicator (n x k) and S += K[moved].T @ dY, by cuSPARSE through ``cupyx.scipy.sparse``, the moved rows gathered
   on the device into a size known on the host (``gathered_rows``: the iteration's one transfer stays the Lloyd
-  loop's). The same code runs on the CPU with ``scipy.sparse`` (``library_cluster_sums``), which is how the tests
+  loop's). Every product takes the sparse operand untransposed: cuSPARSE's product with a transposed one adds in
+  an order that changes from run to run (its documentation says so; an H100 gave two updates of the same inputs
+  313 entries of 1,200 apart), so K[moved].T is formed as a CSR matrix first. The same code runs on the CPU with ``scipy.sparse`` (``library_cluster_sums``), which is how the tests
   hold the two routes to each other on a machine without a GPU.
 
 CSR is ``scipy.sparse.csr_matrix`` on the CPU and ``cupyx.scipy.sparse.csr_matrix`` on a GPU; cupyx is
@@ -151,7 +153,8 @@ def library_update_cluster_sums(K, S, old_labels, new_labels, weights, xp, n_mov
     ``n_moved`` (how many labels differ) and ``slots`` (at least the moved rows' stored entries, e.g.
     :func:`longest_rows_entries` at ``n_moved``), when given, spare the transfers that count them: the moved points
     and their rows are then gathered on the device (:func:`kkmgpu.engine.dense.moved_points`,
-    :func:`gathered_rows`) and the product is one cuSPARSE SpMM over ``slots`` entries.
+    :func:`gathered_rows`) and the product is one cuSPARSE SpMM over ``slots`` entries, with the gathered rows'
+    transpose as a CSR matrix (untransposed, the same inputs give the same bits on every run).
     """
     from kkmgpu.engine.dense import moved_points
 
@@ -170,7 +173,9 @@ def library_update_cluster_sums(K, S, old_labels, new_labels, weights, xp, n_mov
     w = weights[moved]
     dY[r, new_labels[moved]] = w  # a moved point's old and new clusters differ: two entries per row
     dY[r, old_labels[moved]] = -w
-    S += xp.asarray(rows.T @ dY)
+    moved_columns = rows.T.tocsr()  # K[moved].T as CSR (a transposition: each row's columns in order)
+    moved_columns.has_canonical_format = True  # as ``rows`` is: no check (on a GPU, a transfer)
+    S += xp.asarray(moved_columns @ dY)
     return S
 
 
@@ -242,16 +247,17 @@ class SparseKernelOperator:
         (:func:`longest_rows_entries`, once per matrix), and multiplied by cuSPARSE; checked against the free memory.
         """
         if self.backend.is_gpu:
-            slots = None
-            if n_moved is not None:
-                if self._longest is None:
-                    self._longest = longest_rows_entries(self._K64, self.backend)
-                slots = int(self._longest[min(int(n_moved), self.n)])
-                # the gather's int64 temporaries (slot, row, its clamp, source, the cumulative lengths' gathers) and
-                # the gathered values and columns
-                check_fits(slots * (6 * 8 + self._K64.dtype.itemsize + 4), self.backend,
-                           f"the gather of the {n_moved} moved rows of the sparse kernel matrix (up to {slots} "
-                           "stored entries)")
+            xp = self.backend.xp
+            if n_moved is None:  # counted here (a transfer), then gathered as when told: the same product, bits
+                n_moved = int(xp.count_nonzero(old_labels != new_labels))
+            if self._longest is None:
+                self._longest = longest_rows_entries(self._K64, self.backend)
+            slots = int(self._longest[min(int(n_moved), self.n)])
+            # the gather's int64 temporaries (slot, row, its clamp, source, the cumulative lengths' gathers), the
+            # gathered values and columns, and their transpose's (and its n + 1 row pointers)
+            check_fits(slots * (6 * 8 + 2 * (self._K64.dtype.itemsize + 4)) + 4 * (self.n + 1), self.backend,
+                       f"the gather of the {n_moved} moved rows of the sparse kernel matrix (up to {slots} "
+                       "stored entries)")
             return library_update_cluster_sums(self._K64, S, old_labels, new_labels, self.weights,
                                                self.backend.xp, n_moved=n_moved, slots=slots)
         from kkmgpu.kernels.csr_cpu import csr_update_cluster_sums
