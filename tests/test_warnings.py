@@ -9,6 +9,7 @@ import pytest
 
 import kkmgpu
 from kkmgpu._degenerate import ROUNDING
+from kkmgpu.engine import lloyd as _lloyd
 
 DISTINCT_TEXT = r"Number of distinct clusters \(3\) found smaller than n_clusters \(5\)"
 
@@ -58,6 +59,37 @@ def test_fewer_distinct_points_than_k_warn_alike_and_the_objective_is_not_negati
         scale = float((weights * ((X - np.average(X, axis=0, weights=weights)) ** 2).sum(axis=1)).sum())
         reference = _reference_objective(X, labels, weights)
         assert abs(result.objective - reference) <= ROUNDING * np.finfo(np.float32).eps * scale
+
+
+@pytest.mark.parametrize("c", [1, 4])
+def test_eigen_counts_copies_of_one_point_once_whatever_noise_eigenvalues_the_solver_leaves(backend, c, monkeypatch):
+    """method="eigen" on the three points with an eigensolver that leaves K's null space at c eps ||K||_2 instead of
+    about 0 (a backward error of c eps ||K||_2, which a backward-stable solver may make; the H100's count said 4 where
+    LAPACK's says 3): kept as positive eigenvalues, they move the centres of two clusters of one point about
+    c eps ||K||_2 (||y_a||^2 + ||y_b||^2) apart (up to 50 eps times their squared norm here at c = 1, 200 at c = 4),
+    and every restart's count says 3 (the former tolerance, 1e-7 times the squared norm, counted 5 at both)."""
+    rng = np.random.default_rng(27)
+    X = np.repeat(rng.normal(size=(3, 5)), 30, axis=0)
+    weights = rng.uniform(0.5, 2.0, X.shape[0])
+    real_eigh = np.linalg.eigh
+
+    def noisy_eigh(a, UPLO="L"):
+        w, V = real_eigh(a, UPLO)
+        top = np.abs(w).max()  # K has rank 3 (eigenvalues near top): the rest is rounding of 0
+        return np.where(np.abs(w) < 1e-3 * top, c * np.finfo(w.dtype).eps * top, w).astype(w.dtype), V
+
+    monkeypatch.setattr(np.linalg, "eigh", noisy_eigh)  # the CPU's route and the stand-in's cupy.linalg.eigh
+    counts = []  # every restart's count (where one says k, the fit's check of X's distinct points would say 3)
+    real_count = _lloyd._count_distinct_centres
+    monkeypatch.setattr(_lloyd, "_count_distinct_centres", lambda *a: counts.append(real_count(*a)) or counts[-1])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = kkmgpu.fit(X, 5, method="eigen", kernel="linear", dtype="float32", sample_weight=weights,
+                            random_state=0, n_init=2, device=backend)
+    assert result.method_params["decomposition"].startswith("full")  # the route the noise was put into
+    distinct = [str(w.message) for w in caught if "distinct clusters" in str(w.message)]
+    assert len(distinct) == 1 and re.match(DISTINCT_TEXT, distinct[0]), distinct
+    assert counts == [3, 3], counts
 
 
 def test_a_negative_objective_beyond_rounding_is_kept():

@@ -182,11 +182,14 @@ class EmbeddingOperator:
         if A.dtype != xp.float64:
             check_fits(A.shape[0] * A.shape[1] * 8, backend, f"the float64 copy of the {A.shape[0]} x {A.shape[1]} "
                        "embedding")
+        self.value_dtype = np.dtype(A.dtype)  # the rounding of the values (lloyd's count of distinct centres)
         self.A = A.astype(xp.float64, copy=False)
         self.weights = weights
         self.backend = backend
         self.n = A.shape[0]
         self.diag = (self.A * self.A).sum(axis=1)      # ||a_i||^2 = (A A^T)_ii
+        # ||A A^T||_2: A's columns are orthogonal, of squared norms the kept eigenvalues
+        self.spectral_norm = float((self.A * self.A).sum(axis=0).max()) if self.A.shape[1] else 0.0
         self.total_diag = float((weights * self.diag).sum())
 
     def rows(self, index):

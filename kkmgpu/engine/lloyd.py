@@ -31,6 +31,7 @@ import numpy as np
 from kkmgpu import _progress, _warn
 from kkmgpu._progress import progress_bar
 from kkmgpu.backend.device import work_bytes
+from kkmgpu.kernels.spec import compute_dtype
 
 
 class ConvergenceWarning(UserWarning):
@@ -151,22 +152,53 @@ def _count_distinct_centres(operator, labels, S, sizes, within, k, xp) -> int:
         Y = xp.zeros((labels.shape[0], k), dtype=xp.float64)
         Y[xp.arange(labels.shape[0]), labels] = operator.weights
         cross = operator.backend.to_host(Y.T @ S)  # cross[a, b] = sum_{i in a} w_i S[i, b] = <m_a, m_b> n_a n_b
-    return distinct_centres(cross, sizes, within)
+    spread = None
+    norm2 = getattr(operator, "spectral_norm", None)
+    if norm2:  # ||y_c||^2 = sum_{i in c} w_i^2 / n_c^2 for the noise term of distinct_centres
+        squares = operator.backend.to_host(xp.bincount(labels, weights=operator.weights ** 2, minlength=k))
+        spread = norm2 * squares / np.where(sizes > 0, sizes, 1.0) ** 2
+    return distinct_centres(cross, sizes, within, _rounding_eps(operator), spread)
 
 
-def distinct_centres(cross, sizes, within) -> int:
-    """How many nonempty clusters have pairwise distinct centres, from cross[a, b] = sum_{i in a} w_i S[i, b]."""
+#: Two centres a, b coincide when their squared distance is at most max(DISTINCT_RELATIVE, DISTINCT_ROUNDING eps)
+#: times the largest squared centre norm, plus DISTINCT_ROUNDING eps ||K||_2 (||y_a||^2 + ||y_b||^2) for an
+#: eigen-embedding, eps that of the precision the kernel values were computed in. The first is the relative floor
+#: of float64 and, in float32, the rounding of K, the way kkmgpu._degenerate.ROUNDING bounds an objective's
+#: rounding. The second is an eigensolver's backward error: noise eigenvalues up to c eps ||K||_2 (kept where
+#: positive) move the centres y_a, y_b (weights / n_c on the members) of copies of one point
+#: (y_a - y_b)^T E (y_a - y_b) apart. At 1e-7 alone (below float32's eps) two clusters of one point counted as
+#: distinct on an H100 (method="eigen", float32, 2026-11-26).
+DISTINCT_RELATIVE = 1e-7
+DISTINCT_ROUNDING = 64
+
+
+def _rounding_eps(operator) -> float:
+    """eps of the arithmetic the operator's kernel values come from: its ``value_dtype`` where it keeps values in
+    another precision (the embedding's float64 copy of a float32 decomposition), else its K's or features' dtype
+    (float16 storage is computed in float32)."""
+    dtype = getattr(operator, "value_dtype", None)
+    if dtype is None:
+        values = getattr(operator, "K", None)
+        dtype = getattr(values if values is not None else getattr(operator, "A", None), "dtype", np.float64)
+    return float(np.finfo(compute_dtype(np.dtype(dtype))).eps)
+
+
+def distinct_centres(cross, sizes, within, eps=0.0, spread=None) -> int:
+    """How many nonempty clusters have pairwise distinct centres, from cross[a, b] = sum_{i in a} w_i S[i, b]
+    (``eps``: that of the kernel values' precision; ``spread``: ||K||_2 ||y_c||^2 per cluster for an
+    eigen-embedding, else None; see DISTINCT_ROUNDING)."""
     nonempty = np.flatnonzero(sizes > 0)
     if nonempty.size <= 1:
         return int(nonempty.size)
     norm = within / np.where(sizes > 0, sizes, 1.0) ** 2
     scale = max(float(np.max(np.abs(norm[nonempty]))), np.finfo(float).tiny)
+    tolerance = max(DISTINCT_RELATIVE, DISTINCT_ROUNDING * eps) * scale
     distinct = []
     for a in nonempty:
         same = False
         for b in distinct:
             d2 = norm[a] + norm[b] - 2.0 * cross[a, b] / (sizes[a] * sizes[b])
-            if d2 <= 1e-7 * scale:
+            if d2 <= tolerance + (0.0 if spread is None else DISTINCT_ROUNDING * eps * (spread[a] + spread[b])):
                 same = True
                 break
         if not same:
