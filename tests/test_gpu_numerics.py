@@ -79,3 +79,31 @@ def test_the_cut_of_a_partition_along_the_components_is_exactly_zero(device):
     value = graph_objective(Ad, d, backend.asarray(other), k, "ncut", backend)
     assert value == pytest.approx(want, rel=1e-12)
     assert np.isclose(host(d), deg, rtol=1e-14).all()
+
+
+@pytest.mark.parametrize("n", [60, graph_spectral.DENSE_COMPONENT, graph_spectral.DENSE_COMPONENT + 1])
+def test_small_graphs_on_a_gpu_take_the_dense_eigh_after_the_same_draws(device, n):
+    """spectral_embedding of a connected graph: on a GPU up to DENSE_COMPONENT nodes by one dense eigh (LOBPCG
+    there gave 100 identical points' eigenvalues that changed between calls on the H100), above it LOBPCG; on both
+    devices the eigenvalues are the float64 reference's and the generator is left where the CPU's call leaves it,
+    so the k-means++ seeds after the start are the same."""
+    backend = resolve_device(device)
+    rng = np.random.default_rng(303)
+    k = 3
+    W = rng.uniform(0.1, 1.0, size=(n, n))
+    W = sp.csr_matrix(np.triu(W * (rng.uniform(size=(n, n)) < 0.2), 1))
+    W = W + W.T + sp.diags(np.full(n - 1, 0.5), 1) + sp.diags(np.full(n - 1, 0.5), -1)  # a path: connected
+    A = to_backend_csr(sp.csr_matrix(W), backend, np.float64)
+    d = degrees(A, backend)
+    dense = W.toarray()
+    deg = dense.sum(axis=1)
+    want = np.linalg.eigvalsh(dense / np.sqrt(np.outer(deg, deg)))[::-1][:k]
+    generator, reference = np.random.default_rng(5), np.random.default_rng(5)
+    E, w, _, solver = graph_spectral.spectral_embedding(A, d, k, backend, generator, tol=1e-10)
+    graph_spectral.spectral_embedding(to_backend_csr(sp.csr_matrix(W), resolve_device("cpu"), np.float64),
+                                      deg, k, resolve_device("cpu"), reference, tol=1e-10)
+    np.testing.assert_allclose(w, want, rtol=0, atol=1e-8)
+    assert solver == ("dense" if backend.is_gpu and n <= graph_spectral.DENSE_COMPONENT
+                      else ("lobpcg" if backend.is_gpu else "arpack"))
+    assert generator.integers(2 ** 62) == reference.integers(2 ** 62)
+    assert np.isfinite(host(E)).all()

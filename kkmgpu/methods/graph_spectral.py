@@ -163,19 +163,21 @@ def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MA
     Both draw the same start block from ``rng``, so the k-means++ seeds after it are the same on both devices.
     On MNIST-70k's 10-neighbour graph (2-core CPU) eigsh takes 1.1 s against LOBPCG's 5.2 s (120 iterations),
     with the same eigenvalues to 8 digits. ``iterations``: LOBPCG's, or ARPACK's matrix-vector products;
-    ``solver``: "arpack", "lobpcg" or "dense" (small n). ``bar``: a progress bar whose text follows the components
-    solved; ``info``: a dict that receives the number of connected components (where they were counted, else 1).
+    ``solver``: "arpack", "lobpcg" or "dense" (n <= 5 k + 1; on a GPU also n <= DENSE_COMPONENT, after the
+    same draws). ``bar``: a progress bar whose text follows the components solved; ``info``: a dict that receives the number of connected components (where they were counted, else 1).
     """
     xp = backend.xp
     n = A.shape[0]
     N = normalized(A, d, backend)
     if n <= 5 * k + 1:  # LOBPCG needs n well above the block size: the dense decomposition
-        w, V = np.linalg.eigh(np.asarray(backend.to_host(N.toarray())))
-        w, V = w[::-1][:k], backend.asarray(np.ascontiguousarray(V[:, ::-1][:, :k]))
-        E = V * (d ** -0.5)[:, None]
-        return E, np.sort(np.asarray(w, dtype=np.float64))[::-1], 0, "dense"
+        return _dense_top(N, d, k, backend)
     X0 = rng.standard_normal((n, k))
     restarts = _restart_rng(rng)  # drawn on both devices, so that the k-means++ seeds after it stay the same
+    if backend.is_gpu and n <= DENSE_COMPONENT:
+        # A GPU's LOBPCG on a graph this small: slower than one dense eigh, and on an H100 (2026-11-26) the
+        # eigenvalues of 100 identical points' graph differed between calls with the same seed and the same
+        # normalised matrix (1.9e-16 against -1.3e-19); the CPU solves components this small densely too.
+        return _dense_top(N, d, k, backend)
     V, solver = None, "arpack"
     if not backend.is_gpu and _arpack_takes_rng():
         count, component = _components(A)
@@ -195,6 +197,14 @@ def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MA
         iterations, solver = len(history), "lobpcg"
     E = V * (d ** -0.5)[:, None]
     return E, np.sort(np.asarray(w, dtype=np.float64))[::-1], iterations, solver
+
+
+def _dense_top(N, d, k, backend):
+    """spectral_embedding's result from numpy's dense eigh of N (on the host, float64)."""
+    w, V = np.linalg.eigh(np.asarray(backend.to_host(N.toarray()), dtype=np.float64))
+    w, V = w[::-1][:k], backend.asarray(np.ascontiguousarray(V[:, ::-1][:, :k]))
+    E = V * (d ** -0.5)[:, None]
+    return E, np.sort(np.asarray(w, dtype=np.float64))[::-1], 0, "dense"
 
 
 def _components(A):
