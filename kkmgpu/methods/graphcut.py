@@ -215,21 +215,24 @@ def graph_kernel(A, d, objective, shift, backend):
 def graph_objective(A, d, labels, k, objective, backend) -> float:
     """ncut = sum_c links(c, V - c) / d(c), or -sum_c links(c, c) / |c|, in float64 (empty clusters add 0).
 
-    The cut is summed from the edges between clusters themselves (on the host, in their CSR order), not as
-    k - sum_c links(c, c) / d(c): a partition along the graph's components then has cut exactly 0 on every device.
-    The difference form cancelled, and on an H100 links(c, c) (cuSPARSE) and d(c) (another summation order) of a
-    perfect partition differed in the last bit: 2.2e-16 was reported (2026-11-26)."""
+    The cut is summed from the edges between clusters themselves, not as k - sum_c links(c, c) / d(c): each point's
+    weight to other clusters (A with its within-cluster entries zeroed, summed by rows on the device), then those
+    n values by cluster on the host in point order. A partition along the graph's components then has cut exactly
+    0 on every device, the sums do not depend on a device's order, and the host receives n values whatever the
+    partition. The difference form cancelled: on an H100 links(c, c) (cuSPARSE) and d(c) (another summation order)
+    of a perfect partition differed in the last bit, and 2.2e-16 was reported (2026-11-26)."""
     xp = backend.xp
     sp = _sparse.sparse_module(backend)
     n = A.shape[0]
     lab = backend.asarray(labels).astype(xp.int64)
     if objective == "ncut":
-        size = np.bincount(backend.to_host(lab), weights=backend.to_host(d), minlength=k)
-        edges = A.tocoo()
-        source, target = lab[edges.row], lab[edges.col]
-        between = source != target
-        cut = np.bincount(backend.to_host(source[between]), weights=backend.to_host(edges.data[between]),
-                          minlength=k).astype(np.float64)
+        host_labels = backend.to_host(lab)
+        size = np.bincount(host_labels, weights=backend.to_host(d), minlength=k)
+        A = A.tocsr()
+        row = A.tocoo().row  # the entries' rows, in A's CSR order
+        across = sp.csr_matrix((A.data * (lab[row] != lab[A.indices]), A.indices, A.indptr), shape=A.shape)
+        outward = np.asarray(backend.to_host(xp.asarray(across.sum(axis=1)).ravel()), dtype=np.float64)
+        cut = np.bincount(host_labels, weights=outward, minlength=k)
         return float(np.sum(cut[size > 0] / size[size > 0]) + 0.0)
     Y = sp.csr_matrix((xp.ones(n, dtype=xp.float64), (xp.arange(n), lab)), shape=(n, k))
     within = backend.to_host(xp.asarray((Y.T @ (A @ Y)).diagonal())).astype(np.float64)
