@@ -232,7 +232,9 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
     ``distances``: (index, sq), sq their float64 squared distances.
 
     ``prune``: "auto" plans (:func:`plan`) at n >= MIN_ROWS and d >= MIN_FEATURES, else runs the certified
-    brute-force search (:func:`kkmgpu.kernels.knn_exact.search` on :func:`kkmgpu.kernels.knn_cpu.search`); True
+    brute-force search (:func:`kkmgpu.kernels.knn_exact.search` on :func:`kkmgpu.kernels.knn_cpu.search`), or up
+    to knn_tree.MAX_FEATURES features SciPy's k-d tree with the same certificate (:mod:`kkmgpu.kernels.knn_tree`,
+    the same lists); True
     prunes, with ``axes`` and ``n_candidates`` if given (tests), else with the plan's choice if it has one; False
     never prunes. ``report``: a dict that takes the route, the choice, the seconds of each step and the rows
     certified from their lists (``bench/bench_graphs.py search``).
@@ -246,8 +248,14 @@ def nearest_neighbors(A, n_neighbors: int, *, prune="auto", axes=None, n_candida
     t = clock()
 
     def brute():
-        index, sq = knn_exact.search(A, n_neighbors, Backend("cpu"), report=report)
-        report.update(route="brute force", seconds={"search": clock() - t})
+        import numba
+
+        from kkmgpu.kernels import knn_tree
+
+        found = knn_tree.search(A, n_neighbors, workers=numba.get_num_threads(), report=report)
+        route = "k-d tree" if found is not None else "brute force"
+        index, sq = found if found is not None else knn_exact.search(A, n_neighbors, Backend("cpu"), report=report)
+        report.update(route=route, seconds={"search": clock() - t})
         return (index, sq) if distances else index
 
     if prune is False or (prune == "auto" and (n < MIN_ROWS or d < MIN_FEATURES)):
