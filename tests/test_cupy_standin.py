@@ -351,6 +351,26 @@ def test_sparse_round_trip_products_and_methods(standin):
     np.testing.assert_array_equal(coo.tocsr().toarray().get(), [[0, 1], [2, 0]])
 
 
+def test_a_transposed_sparse_product_adds_in_another_order_on_every_call(standin):
+    """CSC @ dense (CuPy: cuSPARSE with the transposed CSR operand) equals SciPy's product to rounding but not to
+    the bit from call to call, as cuSPARSE documents; CSR @ dense repeats its bits."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(501)
+    A = sp.random(300, 40, density=0.5, random_state=502, format="csr")
+    B = rng.normal(size=(300, 3))
+    dA, dB = standin.sparse.csr_matrix(A), standin.cp.asarray(B)
+    want = A.T @ B
+    runs = [(dA.T @ dB).get() for _ in range(4)]
+    for run in runs:
+        np.testing.assert_allclose(run, want, rtol=1e-12, atol=1e-12)
+    assert any(not np.array_equal(run, runs[0]) for run in runs[1:])
+    vector = (dA.T @ dB[:, 0]).get()
+    np.testing.assert_allclose(vector, want[:, 0], rtol=1e-12, atol=1e-12)
+    untransposed = [(dA.T.tocsr() @ dB).get() for _ in range(3)]
+    assert all(np.array_equal(run, untransposed[0]) for run in untransposed)
+
+
 def test_sparse_refuses_host_data_and_integer_values(standin):
     cp, sparse = standin.cp, standin.sparse
     A = sps.random(10, 10, density=0.3, random_state=0, format="csr")

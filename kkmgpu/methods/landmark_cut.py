@@ -386,7 +386,7 @@ def score_rows(result, X, sample_weight=None) -> float:
         B, rows = new_graph(state, X, backend)
         labels = backend.asarray(predict(result, X, backend)).astype(xp.int64)
         w = backend.asarray(_validation.check_sample_weight(sample_weight, B.shape[0]))
-        dy = xp.asarray(B.T @ w).ravel()
+        dy = xp.asarray(_lg.transposed(B) @ w).ravel()
         B, dy, _ = _lg.keep_linked(B, dy, backend)
         P, size = _lg.cluster_totals(B, labels, w, rows, result.n_clusters, backend)
         return _lg.ncut(P, size, dy, backend)[0]

@@ -119,11 +119,18 @@ def bipartite(index, sq_dist, sigma, p, backend):
     return _sparse.sparse_module(backend).csr_matrix((vals, cols, indptr), shape=(n, p))
 
 
+def transposed(M):
+    """M^T as a CSR matrix, for products with dense operands: cuSPARSE's product with a transposed operand (what
+    CuPy runs for ``M.T @ x``) adds in an order that changes from run to run (its documentation; the CuPy stand-in
+    models it), so that two fits with the same seed gave other labels; untransposed, the same bits every time."""
+    return M.T.tocsr()
+
+
 def degrees(B, weights, backend):
     """(row_sums, d_X, d_Y): B 1, w (B 1) and B^T w, float64 on the device."""
     xp = backend.xp
     rows = xp.asarray(B.sum(axis=1)).ravel()
-    return rows, weights * rows, xp.asarray(B.T @ weights).ravel()
+    return rows, weights * rows, xp.asarray(transposed(B) @ weights).ravel()
 
 
 def keep_linked(B, dy, backend):
@@ -181,7 +188,7 @@ def cluster_totals(B, labels, weights, rows, k, backend):
     n = B.shape[0]
     Y = _sparse.sparse_module(backend).csr_matrix((weights, (xp.arange(n), labels.astype(xp.int64))), shape=(n, k))
     P = xp.asarray((Y.T @ B).toarray())
-    return P, xp.asarray(Y.T @ rows).ravel()
+    return P, xp.asarray(transposed(Y) @ rows).ravel()
 
 
 def ncut(P, size, dy, backend):

@@ -256,13 +256,31 @@ class spmatrix:
                f"stored elements in {self.format.upper()} format (CuPy stand-in)>"
 
 
+def _transposed_product(sp, B):
+    """CSC @ dense as CuPy runs it, cuSPARSE's product with the transposed CSR operand, whose order of summation
+    its documentation says changes from run to run (an H100 gave two updates of the same inputs 313 entries of
+    1,200 apart, 2026-11-26): the stored entries added in a new random order on every call."""
+    if B.ndim not in (1, 2) or B.shape[0] != sp.shape[1]:
+        return sp @ B   # SciPy's error
+    coo = sp.tocoo()
+    order = _np.random.default_rng().permutation(coo.nnz)
+    rows, cols, vals = coo.row[order], coo.col[order], coo.data[order]
+    B2 = B.reshape(B.shape[0], -1)
+    out = _np.zeros((sp.shape[0], B2.shape[1]), dtype=_np.result_type(sp.dtype, B.dtype))
+    _np.add.at(out, rows, vals[:, None] * B2[cols])
+    return out if B.ndim == 2 else out[:, 0]
+
+
 def _binary(name):
     def op(self, other):
         if not isinstance(other, (spmatrix, _cp.ndarray, bool, int, float, complex, _np.generic)):
             if isinstance(other, _np.ndarray) or _sps.issparse(other):
                 _unwrap(other, f"cupyx.scipy.sparse {name}")  # raises
             return NotImplemented
-        out = getattr(self._sp, name)(_unwrap(other, f"cupyx.scipy.sparse {name}"))
+        if name == "__matmul__" and self.format == "csc" and isinstance(other, _cp.ndarray):
+            out = _transposed_product(self._sp, _unwrap(other, f"cupyx.scipy.sparse {name}"))
+        else:
+            out = getattr(self._sp, name)(_unwrap(other, f"cupyx.scipy.sparse {name}"))
         if out is NotImplemented:
             return NotImplemented
         result = _wrap(out)
