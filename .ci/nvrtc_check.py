@@ -20,12 +20,14 @@ import sys
 from kkmgpu.kernels import kernel_kmeans_cuda as _gpu_kernels
 
 from kkmgpu.kernels import knn_cuda as _knn_gpu
+from kkmgpu.kernels import sparse_cuda as _sparse_gpu
 from kkmgpu.kernels import tiled_cuda as _tiled_gpu
 
 MODULES = {
     "kernel_kmeans.cu": _gpu_kernels.name_expressions(),
     "tiled.cu": _tiled_gpu.name_expressions(),
     "knn.cu": _knn_gpu.name_expressions(),
+    "sparse.cu": _sparse_gpu.name_expressions(),
 }
 ARCHITECTURES = ("compute_80", "compute_90")  # A100; H100 / H200
 

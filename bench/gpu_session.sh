@@ -21,8 +21,9 @@
 #   bash bench/gpu_session.sh targets    # GPU, <= 360 s: the rest of issue 26's targets, ONE JSON + ONE log back:
 #                                        #   one tiled pass at 1,000,000, ncut at 1,000,000, approx at 1,000,000
 #                                        #   with m = 2000 (plain CuPy Nystrom beside)
-#   bash bench/gpu_session.sh recheck    # GPU, <= 200 s: the 17 cases that failed on the H100 on 2026-11-26 (fixed
-#                                        #      without a GPU since), tests/test_gpu_numerics.py and the tiled same-bits
+#   bash bench/gpu_session.sh recheck    # GPU, <= 210 s: the fixed-order sparse products and pair distances (written
+#                                        #      after the third H100 run), the landmark / graph same-bits cases and
+#                                        #      bench/probes/sparse_determinism.py (which CuPy operations repeat bits)
 #   bash bench/gpu_session.sh tests      # GPU, <= 330 s: every other gpu-marked test (those quick leaves out;
 #                                        #      2026-11-24: all 733 cases in 280 s)
 #   bash bench/gpu_session.sh engine     # GPU, <= 240 s: bench_exact + bench_gpu_engine (MNIST 10k..70k: build,
@@ -82,7 +83,7 @@ fi
 
 #: the phases in the order `all` runs them, each with its worst case in seconds (the sum of its steps' limits, or
 #: its total budget); every one fits what a lent session has left after `quick` (15 minutes in all, about 6 left)
-PHASES="quick:340 recheck:200 targets:360 tests:330 engine:240 sanitize:240 racecheck:300 scale:360 big:330 quality:360
+PHASES="quick:340 recheck:210 targets:360 tests:330 engine:240 sanitize:240 racecheck:300 scale:360 big:330 quality:360
 trimming-a:280 trimming-b:280 catssolve:300 frontier-70k:280 frontier-1m:290 graphs:280 graphs-1m:290"
 
 if [ "$phase" = all ]; then
@@ -263,7 +264,7 @@ sanitize|racecheck)
     # KKMGPU_TEST_CUPY_NO_POOL=1 (tests/conftest.py) makes every array its own cudaMalloc for memcheck.
     command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not found"; exit 1; }
     compute-sanitizer --version | tail -n 1
-    kernels="tests/test_twins.py tests/test_tiled.py"
+    kernels="tests/test_twins.py tests/test_tiled.py tests/test_sparse_product.py"
     # No --leak-check: arrays still referenced when pytest exits were all it reported on 2026-11-24 (6,845
     # "leaks", no invalid access). racecheck is the slow one (it did 91% of the tests in 180 s): its own phase.
     tools="memcheck:180 synccheck:60"
@@ -307,26 +308,21 @@ graphs)
         --contestants ncut ncut_kmeanspp ratio_association
     step 130 graphs-70k python bench/bench_graphs.py speed --device cuda --n 70000 --timeout 120
     ;;
-recheck)  # the 17 cases that failed on the H100 on 2026-11-26 (fixed without a GPU since), and the tiled same-bits
-    # case that run did not reach; with KKMGPU_EMULATE_GPU=1 a cuda case that skips for a device reason fails
+recheck)  # what the third H100 session (2026-11-26, cc00b2e) left to check: the fixed-order sparse products and pair
+    # distances written after it (kernels_cuda/sparse.cu, knn.cu knn_pair_distances) against float64 and for the same
+    # bits, the landmark same-bits case it failed, the same-bits and graph cases beside them, and the probe of which
+    # CuPy operations repeat their bits (bench/probes/sparse_determinism.py: kkmgpu's products must show 1). The 17
+    # cases the 11-26 morning run failed all passed at cc00b2e. With KKMGPU_EMULATE_GPU=1 a cuda case that skips
+    # for a device reason fails.
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
-    step 200 gpu-recheck env KKMGPU_EMULATE_GPU=1 python -m pytest -m gpu -q -rs -p no:cacheprovider \
-        "tests/test_properties.py::test_same_inputs_same_bits" "tests/test_tiled.py::test_tiled_fit_same_inputs_same_bits" \
-        "tests/test_tiled.py::test_incremental_update_told_the_moved_count_gives_the_same_bits" \
-        "tests/test_approx_hardening.py::test_a_precomputed_K_at_extreme_scales_clusters_as_K" \
-        "tests/test_cats.py::test_block_cache_follows_the_free_memory" \
-        "tests/test_cats.py::test_all_points_are_split_once_per_fit_or_run_fp32_where_the_split_does_not_fit" \
-        "tests/test_driver.py::test_device_kmeans_plus_plus_picks_the_reference_seeds" \
-        "tests/test_gemm.py::test_kernel_error_of_each_mode_is_bounded" \
-        "tests/test_gemm.py::test_memory_guard_counts_the_split_operands" \
-        "tests/test_landmark_cut.py::test_devices_agree_and_the_estimator_runs" \
-        "tests/test_landmark_cut.py::test_same_inputs_same_bits" \
-        "tests/test_mutants.py::test_psd_shift_is_minus_the_smallest_eigenvalue_plus_one_percent" \
+    step 150 gpu-recheck env KKMGPU_EMULATE_GPU=1 python -m pytest -m gpu -q -rs -p no:cacheprovider \
+        tests/test_sparse_product.py "tests/test_knn_exact.py::test_pair_distances_are_float64_exact_to_rounding_and_the_same_bits_in_any_batch" \
+        tests/test_landmark_cut.py tests/test_sparse_gather.py tests/test_gpu_numerics.py \
+        "tests/test_properties.py::test_same_inputs_same_bits" \
         "tests/test_mutants.py::test_identical_points_give_the_same_fit_on_every_call_with_a_seed" \
-        "tests/test_sparse_gather.py::test_update_told_the_moved_count_equals_the_float64_sums" \
-        "tests/test_validation.py::test_tight_gpu_memory_gives_insufficient_memory_error_or_the_same_result" \
-        "tests/test_warnings.py::test_fewer_distinct_points_than_k_warn_alike_and_the_objective_is_not_negative" \
-        "tests/test_graphcut.py::test_a_perfect_cut_in_float32_is_reported_as_zero" tests/test_gpu_numerics.py
+        "tests/test_mutants.py::test_psd_shift_is_minus_the_smallest_eigenvalue_plus_one_percent" \
+        "tests/test_graphcut.py::test_a_perfect_cut_in_float32_is_reported_as_zero"
+    step 60 sparse-determinism python bench/probes/sparse_determinism.py --json "$out/sparse-determinism.json"
     ;;
 graphs-1m)
     step 290 graphs-1m python bench/bench_graphs.py speed --device cuda --n 1000000 --contestants kkmgpu \

@@ -98,9 +98,38 @@ __global__ void knn_offer_block(const T* __restrict__ G, const double* __restric
     }
 }
 
+// out[t] = sum over the features f of ((Q[rows[t], f] - A[cols[t], f]) * scale)^2 in double, for t < m (Q and A
+// row-major with d columns, one dtype): kkmgpu/kernels/knn_exact.py cross_distances, the exact distances that
+// re-rank the candidates. One warp per pair (warps stride over the pairs): lane l adds the features l, l + 32, ...
+// in order (coalesced reads), then the lanes' sums are added by a fixed butterfly. The order depends on d alone,
+// not on how many pairs a call holds: the same pair gives the same bits in every call (CuPy's row reduction, used
+// before, chose its order by the array's shape, and two landmark fits of one seed differed in the last bits).
+template <typename T>
+__global__ void knn_pair_distances(const T* __restrict__ Q, const T* __restrict__ A,
+                                   const long long* __restrict__ rows, const long long* __restrict__ cols,
+                                   long long m, long long d, double scale, double* __restrict__ out)
+{
+    const int lane = threadIdx.x & 31;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+    for (long long t = warp; t < m; t += warps) {  // the same trip count for every lane of a warp
+        const T* q = Q + rows[t] * d;
+        const T* a = A + cols[t] * d;
+        double s = 0.0;
+        for (long long f = lane; f < d; f += 32) {
+            const double diff = ((double)q[f] - (double)a[f]) * scale;
+            s += diff * diff;
+        }
+        for (int width = 16; width > 0; width >>= 1) s += __shfl_xor_sync(0xffffffffu, s, width);
+        if (lane == 0) out[t] = s;
+    }
+}
+
 #ifndef __CUDACC_RTC__
 // Explicit instantiations so that a plain `nvcc --ptx` (CI's build check) compiles every body;
 // at run time CuPy instantiates the same templates through name_expressions.
 template __global__ void knn_offer_block<float>(const float*, const double*, long long, long long, long long, long long, int, double*, long long*);
 template __global__ void knn_offer_block<double>(const double*, const double*, long long, long long, long long, long long, int, double*, long long*);
+template __global__ void knn_pair_distances<float>(const float*, const float*, const long long*, const long long*, long long, long long, double, double*);
+template __global__ void knn_pair_distances<double>(const double*, const double*, const long long*, const long long*, long long, long long, double, double*);
 #endif

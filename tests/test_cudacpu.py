@@ -44,10 +44,13 @@ def _module(name, name_expressions=(), **kw):
 def _real_sources():
     from kkmgpu.kernels import kernel_kmeans_cuda as _gpu_kernels
     from kkmgpu.kernels import knn_cuda as _knn_gpu
+    from kkmgpu.kernels import sparse_cuda as _sparse_gpu
     from kkmgpu.kernels import tiled_cuda as _tiled_gpu
     return [(_gpu_kernels.cuda_source(), _gpu_kernels.name_expressions(), ROOT / "kernels_cuda" / "kernel_kmeans.cu"),
             (_gpu_kernels.cuda_source("tiled.cu"), _tiled_gpu.name_expressions(), ROOT / "kernels_cuda" / "tiled.cu"),
-            (_gpu_kernels.cuda_source("knn.cu"), _knn_gpu.name_expressions(), ROOT / "kernels_cuda" / "knn.cu")]
+            (_gpu_kernels.cuda_source("knn.cu"), _knn_gpu.name_expressions(), ROOT / "kernels_cuda" / "knn.cu"),
+            (_gpu_kernels.cuda_source("sparse.cu"), _sparse_gpu.name_expressions(),
+             ROOT / "kernels_cuda" / "sparse.cu")]
 
 
 def _child_env():

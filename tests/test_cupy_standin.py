@@ -353,11 +353,11 @@ def test_sparse_round_trip_products_and_methods(standin):
 
 def test_a_transposed_sparse_product_adds_in_another_order_on_every_call(standin):
     """CSC @ dense (CuPy: cuSPARSE with the transposed CSR operand) equals SciPy's product to rounding but not to
-    the bit from call to call, as cuSPARSE documents; CSR @ dense repeats its bits."""
+    the bit from call to call, as cuSPARSE documents; CSR @ dense with short rows repeats its bits."""
     import scipy.sparse as sp
 
     rng = np.random.default_rng(501)
-    A = sp.random(300, 40, density=0.5, random_state=502, format="csr")
+    A = sp.random(300, 40, density=0.1, random_state=502, format="csr")  # the transpose's rows: at most LONG_ROW
     B = rng.normal(size=(300, 3))
     dA, dB = standin.sparse.csr_matrix(A), standin.cp.asarray(B)
     want = A.T @ B
@@ -369,6 +369,32 @@ def test_a_transposed_sparse_product_adds_in_another_order_on_every_call(standin
     np.testing.assert_allclose(vector, want[:, 0], rtol=1e-12, atol=1e-12)
     untransposed = [(dA.T.tocsr() @ dB).get() for _ in range(3)]
     assert all(np.array_equal(run, untransposed[0]) for run in untransposed)
+
+
+def test_a_product_with_long_csr_rows_adds_in_another_order_on_every_call(standin):
+    """CSR @ dense and the row and column sums: rows of at most LONG_ROW entries repeat their bits (an H100 did at
+    50), longer ones change on every call (an H100 did at 1,000); the column sums (a transposed product) always."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(503)
+    short = sp.random(400, 300, density=30 / 300, random_state=504, format="csr")
+    long = sp.random(20, 3000, density=0.5, random_state=505, format="csr")
+    assert np.diff(short.indptr).max() <= standin.sparse.LONG_ROW < np.diff(long.indptr).min()
+    for A, repeats in ((short, True), (long, False)):
+        dA = standin.sparse.csr_matrix(A)
+        x = standin.cp.asarray(rng.normal(size=A.shape[1]))
+        runs = [(dA @ x).get() for _ in range(4)]
+        sums = [np.asarray(dA.sum(axis=1).get()).ravel() for _ in range(4)]
+        for run in runs:
+            np.testing.assert_allclose(run, A @ x.get(), rtol=1e-12, atol=1e-12)
+        for total in sums:
+            np.testing.assert_allclose(total, np.asarray(A.sum(axis=1)).ravel(), rtol=1e-12, atol=0)
+        assert all(np.array_equal(run, runs[0]) for run in runs) == repeats
+        assert all(np.array_equal(total, sums[0]) for total in sums) == repeats
+    dA = standin.sparse.csr_matrix(short)
+    columns = [np.asarray(dA.sum(axis=0).get()).ravel() for _ in range(4)]
+    np.testing.assert_allclose(columns[0], np.asarray(short.sum(axis=0)).ravel(), rtol=1e-12, atol=0)
+    assert any(not np.array_equal(c, columns[0]) for c in columns[1:])
 
 
 def test_sparse_refuses_host_data_and_integer_values(standin):

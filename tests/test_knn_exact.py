@@ -309,3 +309,38 @@ def test_3xtf32_bound_counts_three_products_per_feature():
     c_fp32, _ = knn_exact.error_bound("fp32", 3_000_000, np.float32)
     c_3x, _ = knn_exact.error_bound("3xtf32", 300_000, np.float32)
     assert np.isfinite(c_fp32) and c_3x >= knn_exact.error_bound("fp32", 300_000, np.float32)[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [1, 5, 33, 784])
+def test_pair_distances_are_float64_exact_to_rounding_and_the_same_bits_in_any_batch(device, dtype, d, rng):
+    """cross_distances and exact_distances: each pair within a few float64 ulps of the exactly rounded distance
+    of the float64 values (math.fsum), offsets of 1e6 and scales of 2^-p included; a pair's bits do not depend on
+    how many pairs a call holds (on an H100 CuPy's row sums of a gathered block did: two landmark fits of one seed
+    differed in the last bits), and rows and their batches give the same bits as exact_distances."""
+    import math
+
+    backend = resolve_device(device)
+    Q = (rng.standard_normal((30, d)) + 1e6).astype(dtype)
+    A = (rng.standard_normal((50, d)) + 1e6).astype(dtype)
+    rows = rng.integers(0, 30, 400)
+    cols = rng.integers(0, 50, 400)
+    p = 3
+    want = np.array([math.fsum(((Q[i].astype(np.float64) - A[j].astype(np.float64)) * 2.0 ** -p) ** 2)
+                     for i, j in zip(rows, cols)])
+    with backend.activate():
+        Qd, Ad = backend.asarray(Q), backend.asarray(A)
+        whole = backend.to_host(knn_exact.cross_distances(Qd, Ad, backend.asarray(rows), backend.asarray(cols), p,
+                                                          backend))
+        parts = np.concatenate([backend.to_host(knn_exact.cross_distances(
+            Qd, Ad, backend.asarray(rows[s]), backend.asarray(cols[s]), p, backend))
+            for s in (slice(0, 1), slice(1, 37), slice(37, 400))])
+        index = rng.integers(-1, 50, (20, 7))
+        own = rng.integers(0, 50, 20)
+        exact = backend.to_host(knn_exact.exact_distances(Ad, backend.asarray(own), backend.asarray(index), p,
+                                                          backend))
+        single = backend.to_host(knn_exact.cross_distances(Ad, Ad, backend.asarray(np.repeat(own, 7)),
+                                                           backend.asarray(np.maximum(index, 0).ravel()), p, backend))
+    np.testing.assert_array_equal(whole, parts)
+    np.testing.assert_allclose(whole, want, rtol=(d + 2) * np.finfo(np.float64).eps, atol=0)
+    np.testing.assert_array_equal(exact, np.where(index >= 0, single.reshape(index.shape), np.inf))

@@ -2,7 +2,9 @@
 
 Each operation the graph routes use runs REPEATS times on the same inputs; the report counts the distinct bit
 patterns of its result (1 = repeatable). Then four method="landmark" fits of the same seed, with every
-landmark_graph step's outputs hashed, show where two fits first part. Written for the 2026-11-26 H100 recheck,
+landmark_graph step's outputs hashed, show where two fits first part. kkmgpu's own fixed-order products
+(kkmgpu/kernels/sparse_cuda.py) and pair distances (knn_cuda.pair_distances) are among the operations: they must
+show 1. Written for the 2026-11-26 H100 recheck,
 whose tests/test_landmark_cut.py::test_same_inputs_same_bits gave equal labels and cuts 8e-11 apart.
 
     python bench/probes/sparse_determinism.py [--json OUT]
@@ -36,6 +38,9 @@ def digest(a):
 def ops():
     import cupy
     import cupyx.scipy.sparse as cs
+
+    from kkmgpu.kernels import knn_cuda
+    from kkmgpu.kernels import sparse_cuda as _products
     rng = np.random.default_rng(0)
     out = {}
     for n, p, r in [(600, 60, 5), (200_000, 1000, 5)]:
@@ -70,6 +75,12 @@ def ops():
             "dense sum(axis=0)": lambda: Dn.sum(axis=0),
             "dense sum()": lambda: Dn.sum(),
             "coo->csr": lambda: B.tocoo().tocsr(),
+            "kkmgpu csr_product(Bt, w)": lambda: _products.csr_product(Bt, w),
+            "kkmgpu csr_product(Bt, dense(n,8))": lambda: _products.csr_product(Bt, Dn),
+            "kkmgpu csr_product(Y.T.tocsr(), w)": lambda: _products.csr_product(Y.T.tocsr(), w),
+            "kkmgpu csr_product(B, dense(p,8))": lambda: _products.csr_product(B, D),
+            "kkmgpu pair_distances": lambda: knn_cuda.pair_distances(Dn, Dn, cupy.arange(n), cupy.arange(n)[::-1].copy(),
+                                                                      0.5),
         }
         for name, fn in cases.items():
             try:

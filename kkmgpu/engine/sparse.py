@@ -8,13 +8,15 @@ they cost O(nnz) instead of O(n^2):
   S[i, labels[j]] += w_j K[i, j], rows in parallel; after an assignment step only the rows of the points
   that moved are read (K is symmetric, so row p is column p): S[:, new_p] += w_p K[:, p],
   S[:, old_p] -= w_p K[:, p].
-* GPU (library calls, no custom kernel): the sparse-dense products S = K @ Y with Y the weighted one-hot
-  indicator (n x k) and S += K[moved].T @ dY, by cuSPARSE through ``cupyx.scipy.sparse``, the moved rows gathered
-  on the device into a size known on the host (``gathered_rows``: the iteration's one transfer stays the Lloyd
-  loop's). Every product takes the sparse operand untransposed: cuSPARSE's product with a transposed one adds in
-  an order that changes from run to run (its documentation says so; an H100 gave two updates of the same inputs
-  313 entries of 1,200 apart), so K[moved].T is formed as a CSR matrix first. The same code runs on the CPU with ``scipy.sparse`` (``library_cluster_sums``), which is how the tests
-  hold the two routes to each other on a machine without a GPU.
+* GPU: the sparse-dense products S = K @ Y with Y the weighted one-hot indicator (n x k) and S += K[moved].T @ dY
+  on ``cupyx.scipy.sparse`` matrices, the moved rows gathered on the device into a size known on the host
+  (``gathered_rows``: the iteration's one transfer stays the Lloyd loop's). The products are
+  :func:`kkmgpu.kernels.sparse_cuda.product` (``kernels_cuda/sparse.cu``: each row in fixed chunks, no atomics),
+  not cuSPARSE's: cuSPARSE adds in an order that changes from run to run with a transposed operand (an H100 gave
+  two updates of the same inputs 313 entries of 1,200 apart) and with long rows (rows of 1,000 entries, 2026-11-26),
+  so K[moved].T is formed as a CSR matrix and multiplied in a fixed order. The same code runs on the CPU with
+  ``scipy.sparse`` (``library_cluster_sums``), which is how the tests hold the two routes to each other on a
+  machine without a GPU.
 
 CSR is ``scipy.sparse.csr_matrix`` on the CPU and ``cupyx.scipy.sparse.csr_matrix`` on a GPU; cupyx is
 reached only through :func:`kkmgpu.backend.device.import_cupyx`.
@@ -28,6 +30,7 @@ import numpy as np
 
 from kkmgpu.backend.device import Backend, check_fits, import_cupyx
 from kkmgpu.backend.magnitude import largest_magnitude
+from kkmgpu.kernels import sparse_cuda as _products
 
 __all__ = ["SparseKernelOperator", "is_sparse", "sparse_module", "to_backend_csr", "library_cluster_sums",
            "library_update_cluster_sums", "gathered_rows", "longest_rows_entries"]
@@ -108,7 +111,8 @@ def _indicator(labels, weights, k, xp):
 
 def library_cluster_sums(K, labels, weights, k, xp):
     """S = K @ Y (Y[j, labels[j]] = weights[j]) as one sparse-dense product; K float64 CSR (scipy or cupyx)."""
-    return xp.ascontiguousarray(xp.asarray(K @ _indicator(labels, weights, k, xp)))
+    Y = _indicator(labels, weights, k, xp)
+    return xp.ascontiguousarray(xp.asarray(K @ Y if xp is np else _products.csr_product(K, Y)))
 
 
 def longest_rows_entries(K, backend: Backend):
@@ -175,7 +179,7 @@ def library_update_cluster_sums(K, S, old_labels, new_labels, weights, xp, n_mov
     dY[r, old_labels[moved]] = -w
     moved_columns = rows.T.tocsr()  # K[moved].T as CSR (a transposition: each row's columns in order)
     moved_columns.has_canonical_format = True  # as ``rows`` is: no check (on a GPU, a transfer)
-    S += xp.asarray(moved_columns @ dY)
+    S += xp.asarray(moved_columns @ dY if xp is np else _products.csr_product(moved_columns, dY))
     return S
 
 

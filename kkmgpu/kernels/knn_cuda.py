@@ -22,7 +22,7 @@ from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels.blocks import upper_blocks
 from kkmgpu.kernels.kernel_kmeans_cuda import NVRTC_OPTIONS, cuda_source
 
-__all__ = ["BLOCK", "MAX_NEIGHBORS", "block_rows", "offer_block", "nearest_neighbors", "search"]
+__all__ = ["BLOCK", "MAX_NEIGHBORS", "block_rows", "offer_block", "nearest_neighbors", "pair_distances", "search"]
 
 _SOURCE_NAME = "knn.cu"
 _TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
@@ -39,7 +39,7 @@ BLOCK = 8192
 
 def name_expressions() -> list[str]:
     """The template instantiations of ``knn.cu`` that CuPy compiles (and ``.ci/nvrtc_check.py`` checks)."""
-    return [f"knn_offer_block<{t}>" for t in _TYPES.values()]
+    return [f"{name}<{t}>" for name in ("knn_offer_block", "knn_pair_distances") for t in _TYPES.values()]
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,6 +55,30 @@ def _function(name: str, dtype):
         raise ValueError(f"dtype={dtype} is not supported by the CUDA kernel {name}; use float32 or float64.")
     cp = import_cupy()
     return _module(cp.cuda.runtime.getDevice()).get_function(f"{name}<{_TYPES[dtype]}>")
+
+
+def pair_distances(Q, A, rows, cols, scale):
+    """float64 (len(rows),): ||(Q[rows[t]] - A[cols[t]]) scale||^2 from the float64 differences of the values
+    (``knn_pair_distances`` in knn.cu: one warp per pair, a fixed order that depends on the features alone, so a
+    pair gives the same bits in every call). Q and A: 2-D, one dtype (float32 or float64), as many columns."""
+    cp = import_cupy()
+    if Q.ndim != 2 or A.ndim != 2 or Q.shape[1] != A.shape[1] or Q.dtype != A.dtype:
+        raise ValueError(f"pair_distances needs 2-D Q and A of one dtype and as many columns, got {Q.shape} "
+                         f"{Q.dtype} and {A.shape} {A.dtype}")
+    m = int(rows.shape[0])
+    out = cp.empty(m, dtype=cp.float64)
+    if m == 0:
+        return out
+    if Q.shape[1] == 0:
+        out[:] = 0.0
+        return out
+    warps_per_block = _THREADS // 32
+    blocks = max(1, min(65535 * 8, -(-m // warps_per_block)))
+    _function("knn_pair_distances", Q.dtype)(
+        (blocks,), (_THREADS,),
+        (cp.ascontiguousarray(Q), cp.ascontiguousarray(A), cp.ascontiguousarray(rows, dtype=cp.int64),
+         cp.ascontiguousarray(cols, dtype=cp.int64), np.int64(m), np.int64(Q.shape[1]), np.float64(scale), out))
+    return out
 
 
 def offer_block(G, col_sq, row0, col0, best, arg):

@@ -157,16 +157,17 @@ def exact_distances(A, rows, index, p: int, backend: Backend):
 
         return knn_cpu.pair_distances(A, np.ascontiguousarray(rows, dtype=np.int64),
                                       np.ascontiguousarray(index, dtype=np.int64), 2.0 ** -p)
+    from kkmgpu.kernels import knn_cuda   # a pair's bits do not depend on the chunks (knn_cuda.pair_distances)
+
     xp = backend.xp
     r, m = index.shape
     out = xp.empty((r, m), dtype=xp.float64)
-    step = _chunk(3 * m * A.shape[1], 8, backend)
-    scale = 2.0 ** -p
+    step = _chunk(3 * m, 8, backend)
     for t0 in range(0, r, step):
         idx = index[t0:t0 + step]
-        diff = A[rows[t0:t0 + step], None, :].astype(xp.float64) - A[xp.maximum(idx, 0)].astype(xp.float64)
-        diff *= scale
-        out[t0:t0 + step] = xp.where(idx >= 0, (diff * diff).sum(axis=2), xp.inf)
+        pair_rows = xp.repeat(rows[t0:t0 + step].astype(xp.int64), m)
+        dist = knn_cuda.pair_distances(A, A, pair_rows, xp.maximum(idx, 0).astype(xp.int64).ravel(), 2.0 ** -p)
+        out[t0:t0 + step] = xp.where(idx >= 0, dist.reshape(idx.shape), xp.inf)
     return out
 
 
@@ -368,19 +369,16 @@ def _direct(A, rows, k: int, p: int, backend: Backend):
 
 def cross_distances(Q, A, rows, cols, p: int, backend: Backend):
     """float64 (len(rows),): ||(q_i - a_j) 2^-p||^2 for i = rows[t], j = cols[t], from the float64 differences of
-    the values of Q and A (one dtype), summed in feature order on the CPU as :func:`exact_distances` sums them."""
+    the values of Q and A (one dtype), summed in feature order on the CPU as :func:`exact_distances` sums them; on
+    a GPU by :func:`kkmgpu.kernels.knn_cuda.pair_distances`, whose order depends on the features alone (CuPy's row
+    sums of a gathered block chose theirs by the block's shape, which followed free memory: two landmark fits of
+    one seed differed in the last bits on an H100, 2026-11-26)."""
     if not backend.is_gpu:
         return _cross_cpu(Q, A, np.ascontiguousarray(rows, dtype=np.int64),
                           np.ascontiguousarray(cols, dtype=np.int64), 2.0 ** -p)
-    xp = backend.xp
-    out = xp.empty(rows.shape[0], dtype=xp.float64)
-    step = _chunk(3 * A.shape[1], 8, backend)
-    scale = 2.0 ** -p
-    for t0 in range(0, rows.shape[0], step):
-        diff = Q[rows[t0:t0 + step]].astype(xp.float64) - A[cols[t0:t0 + step]].astype(xp.float64)
-        diff *= scale
-        out[t0:t0 + step] = (diff * diff).sum(axis=1)
-    return out
+    from kkmgpu.kernels import knn_cuda
+
+    return knn_cuda.pair_distances(Q, A, rows, cols, 2.0 ** -p)
 
 
 @njit(parallel=True, cache=True)

@@ -38,6 +38,7 @@ from kkmgpu import _progress, _validation
 from kkmgpu.backend.device import resolve_device
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import graphs as _graphs
+from kkmgpu.kernels import sparse_cuda as _products
 from kkmgpu.methods import graph_scale as _scale
 from kkmgpu.methods.graph_scale import graph_features
 from kkmgpu.methods.graph_spectral import _components, spectral_embedding
@@ -120,7 +121,7 @@ def score(A, k, backend, rng, affinity, n_neighbors) -> Candidate:
     lam_k = lam_k1 = ratio = math.nan
     if eligible and k + 1 <= n - 1:
         A, _ = _scale.normalize_scale(A)
-        d = backend.xp.asarray(A.sum(axis=1)).ravel().astype(backend.xp.float64)  # (graphcut imports this module)
+        d = _products.row_sums(A, backend)  # (graphcut imports this module)
         w = spectral_embedding(A, d, k + 1, backend, rng)[1]
         lam = np.clip(1.0 - np.asarray(w, dtype=np.float64), 0.0, None)  # ascending Laplacian eigenvalues
         lam_k, lam_k1 = float(lam[k - 1]), float(lam[k])

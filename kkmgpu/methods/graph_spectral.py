@@ -18,6 +18,7 @@ import numpy as np
 
 from kkmgpu.backend.device import check_fits, import_cupyx
 from kkmgpu.engine import sparse as _sparse
+from kkmgpu.kernels import sparse_cuda as _products
 
 #: LOBPCG's tolerance and iteration cap for the spectral start
 EIGEN_TOL = 1e-5
@@ -52,7 +53,8 @@ def psd_shift(A, d, objective, backend, rng) -> float:
             from scipy.sparse.linalg import eigsh
             seeded = {"rng": restarts} if _arpack_takes_rng() else {}
         try:
-            lam = float(eigsh(M, k=1, which="SA", v0=v0, tol=1e-6, return_eigenvectors=False, **seeded)[0])
+            lam = float(eigsh(_products.operator(M, backend), k=1, which="SA", v0=v0, tol=1e-6,
+                              return_eigenvectors=False, **seeded)[0])
         except np.linalg.LinAlgError:  # NaN in CuPy's Lanczos tridiagonal (kkmgpu.engine.embedding._lanczos_failed)
             lam = math.nan
         if not math.isfinite(lam):
@@ -191,8 +193,8 @@ def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MA
     if V is None:   # a GPU, or ARPACK did not converge
         X0[:, 0] = np.sqrt(backend.to_host(d))
         lobpcg = import_cupyx("scipy.sparse.linalg").lobpcg if backend.is_gpu else _scipy_lobpcg()
-        w, V, history = lobpcg(N, backend.asarray(X0), largest=True, tol=tol, maxiter=maxiter,
-                               retResidualNormsHistory=True)
+        w, V, history = lobpcg(_products.operator(N, backend), backend.asarray(X0), largest=True, tol=tol,
+                               maxiter=maxiter, retResidualNormsHistory=True)
         w = backend.to_host(xp.asarray(w))
         iterations, solver = len(history), "lobpcg"
     E = V * (d ** -0.5)[:, None]

@@ -46,6 +46,7 @@ from kkmgpu.engine import sparse as _sparse
 from kkmgpu.engine.lloyd import ConvergenceWarning
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import graphs as _graphs
+from kkmgpu.kernels import sparse_cuda as _products
 from kkmgpu.kernels import spec as _kernel_spec
 from kkmgpu.methods import graph_scale as _scale
 from kkmgpu.methods import graph_refine as _refine
@@ -193,7 +194,8 @@ def _warn_without_effect(X, affinity, gemm_precision, device, dtype, n):
 # --- the kernel ------------------------------------------------------------------------------------------------
 
 def degrees(A, backend):
-    return backend.xp.asarray(A.sum(axis=1)).ravel().astype(backend.xp.float64)
+    """A 1, float64, in a fixed order on both devices (:func:`kkmgpu.kernels.sparse_cuda.row_sums`)."""
+    return _products.row_sums(A, backend)
 
 
 def graph_kernel(A, d, objective, shift, backend):
@@ -488,7 +490,7 @@ def predict(result, X_new, backend, batch_size=None):
     internal = sizes / result._weight_scale
     within = backend.asarray(np.asarray(result._within, dtype=np.float64))
     safe, safe_internal = xp.where(sizes > 0, sizes, 1.0), xp.where(internal > 0, internal, 1.0)
-    dx = xp.asarray(W.sum(axis=1)).ravel()
+    dx = _products.row_sums(W, backend)
     if state.objective == "ncut":
         score = within / safe_internal ** 2 - 2.0 * links / (xp.where(dx > 0, dx, 1.0)[:, None] * safe)
     else:

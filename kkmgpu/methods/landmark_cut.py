@@ -42,6 +42,7 @@ from kkmgpu import _degenerate, _progress, _validation
 from kkmgpu._result import KernelKMeansResult
 from kkmgpu.backend.device import memory_situation, resolve_device
 from kkmgpu.kernels import gemm as _gemm
+from kkmgpu.kernels import sparse_cuda as _products
 from kkmgpu.methods import graph_scale as _scale
 from kkmgpu.methods import landmark_graph as _lg
 
@@ -348,7 +349,7 @@ def new_graph(state, X_new, backend, batch_size=None):
     index, sq = _neighbors(Xn, state.reps, state.r, state.center, state.exponent, state.dtype, backend,
                            state.precision, rows=batch_size)
     B = _lg.bipartite(index, sq, state.sigma, state.reps.shape[0], backend)
-    return B, backend.xp.asarray(B.sum(axis=1)).ravel()
+    return B, _products.row_sums(B, backend)
 
 
 def checked_predict(result, X_new, batch_size=None):
@@ -369,7 +370,7 @@ def predict(result, X_new, backend, batch_size=None):
     if state.refined:
         labels = _lg.assign(B, rows, state.P, state.size, state.links, state.dy, backend)
     else:
-        E = _unit_rows(xp.asarray(B @ state.vmap) / rows[:, None], xp)
+        E = _unit_rows(xp.asarray(_products.product(B, state.vmap, backend)) / rows[:, None], xp)
         C = state.centres
         score = (C * C).sum(axis=1)[None, :] - 2.0 * (E @ C.T)
         labels = xp.argmin(score, axis=1)
@@ -386,7 +387,7 @@ def score_rows(result, X, sample_weight=None) -> float:
         B, rows = new_graph(state, X, backend)
         labels = backend.asarray(predict(result, X, backend)).astype(xp.int64)
         w = backend.asarray(_validation.check_sample_weight(sample_weight, B.shape[0]))
-        dy = xp.asarray(_lg.transposed(B) @ w).ravel()
+        dy = xp.asarray(_products.product(_lg.transposed(B), w, backend)).ravel()
         B, dy, _ = _lg.keep_linked(B, dy, backend)
         P, size = _lg.cluster_totals(B, labels, w, rows, result.n_clusters, backend)
         return _lg.ncut(P, size, dy, backend)[0]

@@ -27,6 +27,7 @@ from kkmgpu.backend.device import argsort_stable
 from kkmgpu.engine import sparse as _sparse
 from kkmgpu.kernels import gemm as _gemm
 from kkmgpu.kernels import knn_exact
+from kkmgpu.kernels import sparse_cuda as _products
 from kkmgpu.kernels.blocks import tile_rows
 from kkmgpu.methods import graph_spectral as _spectral
 from kkmgpu.methods.graph_scale import graph_features
@@ -120,17 +121,18 @@ def bipartite(index, sq_dist, sigma, p, backend):
 
 
 def transposed(M):
-    """M^T as a CSR matrix, for products with dense operands: cuSPARSE's product with a transposed operand (what
-    CuPy runs for ``M.T @ x``) adds in an order that changes from run to run (its documentation; the CuPy stand-in
-    models it), so that two fits with the same seed gave other labels; untransposed, the same bits every time."""
+    """M^T as a CSR matrix, for products with dense operands (:func:`kkmgpu.kernels.sparse_cuda.product`, the
+    fixed order of summation on both devices): cuSPARSE's products add in an order that changes from run to run
+    with a transposed operand (what CuPy runs for ``M.T @ x``) or long rows (B^T's rows hold n r / p entries), so
+    that two fits with the same seed gave other labels, then cuts 8e-11 apart on an H100 (2026-11-26)."""
     return M.T.tocsr()
 
 
 def degrees(B, weights, backend):
     """(row_sums, d_X, d_Y): B 1, w (B 1) and B^T w, float64 on the device."""
     xp = backend.xp
-    rows = xp.asarray(B.sum(axis=1)).ravel()
-    return rows, weights * rows, xp.asarray(transposed(B) @ weights).ravel()
+    rows = _products.row_sums(B, backend)
+    return rows, weights * rows, xp.asarray(_products.product(transposed(B), weights, backend)).ravel()
 
 
 def keep_linked(B, dy, backend):
@@ -178,7 +180,7 @@ def transfer_cut(B, rows, dy, weights, k, backend):
     lam = np.clip(1.0 - mu, 0.0, 2.0)
     root = np.sqrt(np.clip(mu, 0.0, None))
     inv = np.divide(1.0, root, out=np.zeros_like(root), where=root > 0)
-    U = (B @ backend.asarray(V * inv[None, :])) / rows[:, None]
+    U = xp.asarray(_products.product(B, backend.asarray(V * inv[None, :]), backend)) / rows[:, None]
     return U, lam, V
 
 
@@ -188,7 +190,7 @@ def cluster_totals(B, labels, weights, rows, k, backend):
     n = B.shape[0]
     Y = _sparse.sparse_module(backend).csr_matrix((weights, (xp.arange(n), labels.astype(xp.int64))), shape=(n, k))
     P = xp.asarray((Y.T @ B).toarray())
-    return P, xp.asarray(transposed(Y) @ rows).ravel()
+    return P, xp.asarray(_products.product(transposed(Y), rows, backend)).ravel()
 
 
 def ncut(P, size, dy, backend):
@@ -211,7 +213,7 @@ def assign(Bq, rows_q, P, size, links, dy, backend):
     xp = backend.xp
     size_d = backend.asarray(size)
     safe = xp.where(size_d > 0, size_d, 1.0)
-    S = xp.asarray(Bq @ xp.ascontiguousarray((P / dy[None, :]).T))
+    S = xp.asarray(_products.product(Bq, xp.ascontiguousarray((P / dy[None, :]).T), backend))
     score = -2.0 * S / (rows_q[:, None] * safe[None, :]) + (backend.asarray(links) / safe ** 2)[None, :]
     score = xp.where(size_d[None, :] > 0, score, xp.inf)
     return xp.argmin(score, axis=1)

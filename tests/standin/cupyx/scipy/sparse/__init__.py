@@ -227,6 +227,20 @@ class spmatrix:
         method.__name__ = name
         return method
 
+    def sum(self, axis=None, dtype=None, out=None):
+        """SciPy's sum; along an axis CuPy runs a cuSPARSE product with a vector of ones (axis 0: with the
+        transposed operand), whose order of summation :func:`_run_dependent` models."""
+        where = "cupyx.scipy.sparse.sum"
+        total = self._sp.sum(axis=axis, dtype=dtype, out=_unwrap(out, where))
+        if axis is not None and dtype is None and out is None:
+            along = self._sp if axis in (1, -1) else self._sp.T
+            if _run_dependent(along):
+                values = _shuffled_product(along, _np.ones(along.shape[1], dtype=along.dtype))
+                total = _np.asmatrix(values.reshape(total.shape).astype(total.dtype))
+        result = _wrap(total)
+        _count("sum", (self,), result)
+        return result
+
     def astype(self, t):
         _check_dtype(t)
         result = _wrap(self._sp.astype(t))
@@ -256,10 +270,24 @@ class spmatrix:
                f"stored elements in {self.format.upper()} format (CuPy stand-in)>"
 
 
-def _transposed_product(sp, B):
-    """CSC @ dense as CuPy runs it, cuSPARSE's product with the transposed CSR operand, whose order of summation
-    its documentation says changes from run to run (an H100 gave two updates of the same inputs 313 entries of
-    1,200 apart, 2026-11-26): the stored entries added in a new random order on every call."""
+#: the longest CSR row (stored entries) whose product with a dense operand the stand-in adds in order: an H100
+#: (2026-11-26, bench/probes/sparse_determinism.py) repeated the bits of rows of 50 entries on every call and not
+#: those of rows of 1,000 or 25,000 (cuSPARSE splits long rows between threads); the bound between is not known
+LONG_ROW = 50
+
+
+def _run_dependent(sp):
+    """Whether cuSPARSE's product of ``sp`` with a dense operand adds in a run-dependent order: a CSC matrix (the
+    transposed CSR operand, as cuSPARSE documents) or a CSR one with a row longer than :data:`LONG_ROW`."""
+    if sp.format == "csc":
+        return True
+    return sp.format == "csr" and sp.shape[0] > 0 and int(_np.diff(sp.indptr).max(initial=0)) > LONG_ROW
+
+
+def _shuffled_product(sp, B):
+    """sparse @ dense as cuSPARSE runs it where :func:`_run_dependent` holds (an H100 gave two updates of the same
+    inputs 313 entries of 1,200 apart, 2026-11-26): the stored entries added in a new random order on every
+    call."""
     if B.ndim not in (1, 2) or B.shape[0] != sp.shape[1]:
         return sp @ B   # SciPy's error
     coo = sp.tocoo()
@@ -277,8 +305,8 @@ def _binary(name):
             if isinstance(other, _np.ndarray) or _sps.issparse(other):
                 _unwrap(other, f"cupyx.scipy.sparse {name}")  # raises
             return NotImplemented
-        if name == "__matmul__" and self.format == "csc" and isinstance(other, _cp.ndarray):
-            out = _transposed_product(self._sp, _unwrap(other, f"cupyx.scipy.sparse {name}"))
+        if name == "__matmul__" and isinstance(other, _cp.ndarray) and _run_dependent(self._sp):
+            out = _shuffled_product(self._sp, _unwrap(other, f"cupyx.scipy.sparse {name}"))
         else:
             out = getattr(self._sp, name)(_unwrap(other, f"cupyx.scipy.sparse {name}"))
         if out is NotImplemented:
