@@ -12,6 +12,7 @@ whose tests/test_landmark_cut.py::test_same_inputs_same_bits gave equal labels a
 import argparse
 import hashlib
 import json
+import os
 import sys
 
 import numpy as np
@@ -92,6 +93,49 @@ def ops():
     return out
 
 
+def timings():
+    """Seconds (median of 7, after a warm-up) of kkmgpu's fixed-order products against cuSPARSE's (CuPy's @) on
+    the shapes the library meets: a kNN graph's rows (n = 10^6, 10 per row) times a vector and an (n, 16) block,
+    and a landmark graph's transpose (p = 1000 rows of 5,000) times a vector: the cost of the fixed order."""
+    import time
+
+    import cupy
+    import cupyx.scipy.sparse as cs
+
+    from kkmgpu.kernels import sparse_cuda as _products
+    rng = np.random.default_rng(1)
+    out = {}
+    n, r, p = int(os.environ.get("KKMGPU_PROBE_N", 1_000_000)), 10, 1000  # a smaller n: a smoke run
+    rows = np.repeat(np.arange(n), r)
+    knn = cs.csr_matrix((cupy.asarray(rng.random(n * r)), (cupy.asarray(rows), cupy.asarray(rng.integers(0, n, n * r)))),
+                        shape=(n, n))
+    B = cs.csr_matrix((cupy.asarray(rng.random(n * 5)), (cupy.asarray(np.repeat(np.arange(n), 5)),
+                                                        cupy.asarray(rng.integers(0, p, n * 5)))), shape=(n, p))
+    Bt = B.T.tocsr()
+    x, X16, w = cupy.asarray(rng.random(n)), cupy.asarray(rng.random((n, 16))), cupy.asarray(rng.random(n))
+    plan = _products.CsrProduct(knn)
+    cases = {"knn @ vec": (lambda: knn @ x, lambda: _products.csr_product(knn, x), lambda: plan(x)),
+             "knn @ (n,16)": (lambda: knn @ X16, lambda: _products.csr_product(knn, X16), lambda: plan(X16)),
+             "B^T (1000 x 10^6) @ vec": (lambda: Bt @ w, lambda: _products.csr_product(Bt, w), None)}
+    for name, fns in cases.items():
+        row = {}
+        for label, fn in zip(("cusparse", "kkmgpu", "kkmgpu_planned"), fns):
+            if fn is None:
+                continue
+            fn()
+            cupy.cuda.Device().synchronize()
+            times = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                fn()
+                cupy.cuda.Device().synchronize()
+                times.append(time.perf_counter() - t0)
+            row[label] = float(np.median(times))
+        out[name] = row
+        print(f"{name:26s} " + "  ".join(f"{k} {v * 1e3:.3f} ms" for k, v in row.items()), flush=True)
+    return out
+
+
 def fits():
     from sklearn.datasets import make_blobs
 
@@ -149,7 +193,7 @@ def main():
     args = parser.parse_args()
     import cupy
     print(cupy.__version__, cupy.cuda.runtime.getDeviceProperties(0)["name"], flush=True)
-    result = {"ops": ops(), "fits": fits()}
+    result = {"ops": ops(), "fits": fits(), "timings": timings()}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -193,9 +193,7 @@ def _warn_without_effect(X, affinity, gemm_precision, device, dtype, n):
 
 # --- the kernel ------------------------------------------------------------------------------------------------
 
-def degrees(A, backend):
-    """A 1, float64, in a fixed order on both devices (:func:`kkmgpu.kernels.sparse_cuda.row_sums`)."""
-    return _products.row_sums(A, backend)
+degrees = _products.row_sums   # (A, backend) -> A 1, float64, in a fixed order on both devices
 
 
 def graph_kernel(A, d, objective, shift, backend):
