@@ -18,35 +18,23 @@
 #define KKM_CSR_CHUNK 64  // kkmgpu/kernels/sparse_cuda.py CHUNK (tests hold the two equal)
 #endif
 
-// The row whose chunks hold chunk t: the last r with chunk_ptr[r] <= t (rows without chunks are skipped).
-__device__ __forceinline__ long long kkm_chunk_row(const long long* __restrict__ chunk_ptr, long long n_rows,
-                                                   long long t)
-{
-    long long lo = 0, hi = n_rows;  // chunk_ptr[lo] <= t < chunk_ptr[hi]
-    while (hi - lo > 1) {
-        const long long mid = lo + (hi - lo) / 2;
-        if (chunk_ptr[mid] <= t) lo = mid;
-        else hi = mid;
-    }
-    return lo;
-}
-
 // partial[t, j] = sum over the entries e of chunk t, in order, of data[e] * X[indices[e], j]. Thread (t, j) for
 // t * cols + j: a warp covers consecutive columns of one chunk (X's rows read coalesced) or, for cols = 1,
-// consecutive chunks. Threads past the matrix's chunk count (the caller sizes the grid by an upper bound, so no
-// count comes back to the host) return.
+// consecutive chunks. chunk_row[t] is chunk t's row (the last r with chunk_ptr[r] <= t; made once per matrix by
+// the caller). Threads past the matrix's chunk count (the caller sizes the grid by an upper bound, so no count
+// comes back to the host) return.
 template <typename T>
 __global__ void csr_chunk_sums(const int* __restrict__ indptr, const int* __restrict__ indices,
                                const T* __restrict__ data, const double* __restrict__ X,
-                               const long long* __restrict__ chunk_ptr, long long n_rows, long long cols,
-                               long long max_chunks, double* __restrict__ partial)
+                               const long long* __restrict__ chunk_ptr, const long long* __restrict__ chunk_row,
+                               long long n_rows, long long cols, long long max_chunks, double* __restrict__ partial)
 {
     const long long n_chunks = chunk_ptr[n_rows];
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x; g < max_chunks * cols; g += stride) {
         const long long t = g / cols, j = g - t * cols;
         if (t >= n_chunks) return;  // g only grows
-        const long long r = kkm_chunk_row(chunk_ptr, n_rows, t);
+        const long long r = chunk_row[t];
         const long long e0 = (long long)indptr[r] + (t - chunk_ptr[r]) * KKM_CSR_CHUNK;
         const long long e_end = (long long)indptr[r + 1];
         const long long e1 = e0 + KKM_CSR_CHUNK < e_end ? e0 + KKM_CSR_CHUNK : e_end;
@@ -72,6 +60,6 @@ __global__ void csr_chunk_combine(const double* __restrict__ partial, const long
 #ifndef __CUDACC_RTC__
 // Explicit instantiations so that a plain `nvcc --ptx` (CI's build check) compiles every body;
 // at run time CuPy instantiates the same templates through name_expressions.
-template __global__ void csr_chunk_sums<float>(const int*, const int*, const float*, const double*, const long long*, long long, long long, long long, double*);
-template __global__ void csr_chunk_sums<double>(const int*, const int*, const double*, const double*, const long long*, long long, long long, long long, double*);
+template __global__ void csr_chunk_sums<float>(const int*, const int*, const float*, const double*, const long long*, const long long*, long long, long long, long long, double*);
+template __global__ void csr_chunk_sums<double>(const int*, const int*, const double*, const double*, const long long*, const long long*, long long, long long, long long, double*);
 #endif

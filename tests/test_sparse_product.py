@@ -111,13 +111,20 @@ def test_extreme_values_stay_finite_and_exact_to_rounding(device, scale):
 
 def test_row_sums_are_the_degrees(device):
     rng = np.random.default_rng(8)
-    A = _matrix(rng, [0, 4 * CHUNK + 9, 1, CHUNK], 500, np.float64)
+    A = _matrix(rng, [0, 4 * CHUNK + 9, 1, CHUNK, 0, 0], 500, np.float64)  # empty rows first and last
     ref = _reference(A, np.ones(500))
     backend = _backend.resolve_device(device)
     with backend.activate():
         got = _host(sparse_cuda.row_sums(_to_device(A, backend), backend))
-    assert got.dtype == np.float64 and got.shape == (4,)
+    assert got.dtype == np.float64 and got.shape == (6,)
     np.testing.assert_allclose(got, ref, rtol=1e-13, atol=0)
+
+
+def test_the_kernel_chunk_is_the_documented_constant():
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / "kernels_cuda" / "sparse.cu").read_text()
+    assert f"#define KKM_CSR_CHUNK {CHUNK} " in source
 
 
 def test_shape_mismatch_and_dense_operands_are_refused(device):

@@ -80,8 +80,8 @@ def ops():
             "kkmgpu csr_product(Bt, dense(n,8))": lambda: _products.csr_product(Bt, Dn),
             "kkmgpu csr_product(Y.T.tocsr(), w)": lambda: _products.csr_product(Y.T.tocsr(), w),
             "kkmgpu csr_product(B, dense(p,8))": lambda: _products.csr_product(B, D),
-            "kkmgpu pair_distances": lambda: knn_cuda.pair_distances(Dn, Dn, cupy.arange(n), cupy.arange(n)[::-1].copy(),
-                                                                      0.5),
+            "kkmgpu pair_distances": lambda: knn_cuda.pair_distances(Dn, Dn, cupy.arange(n),
+                                                                      cupy.arange(n)[::-1].copy(), 0.5),
         }
         for name, fn in cases.items():
             try:
@@ -107,8 +107,8 @@ def timings():
     out = {}
     n, r, p = int(os.environ.get("KKMGPU_PROBE_N", 1_000_000)), 10, 1000  # a smaller n: a smoke run
     rows = np.repeat(np.arange(n), r)
-    knn = cs.csr_matrix((cupy.asarray(rng.random(n * r)), (cupy.asarray(rows), cupy.asarray(rng.integers(0, n, n * r)))),
-                        shape=(n, n))
+    knn = cs.csr_matrix((cupy.asarray(rng.random(n * r)),
+                         (cupy.asarray(rows), cupy.asarray(rng.integers(0, n, n * r)))), shape=(n, n))
     B = cs.csr_matrix((cupy.asarray(rng.random(n * 5)), (cupy.asarray(np.repeat(np.arange(n), 5)),
                                                         cupy.asarray(rng.integers(0, p, n * 5)))), shape=(n, p))
     Bt = B.T.tocsr()

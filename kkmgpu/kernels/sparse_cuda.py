@@ -73,6 +73,9 @@ class CsrProduct:
         cp.cumsum((lengths + (CHUNK - 1)) // CHUNK, out=self.chunk_ptr[1:])
         # at most one chunk per row is not full: no count comes back to size the partial sums
         self.max_chunks = self.nnz // CHUNK + n
+        # each chunk's row, for every slot up to the bound (those past the count are never read)
+        self.chunk_row = cp.searchsorted(self.chunk_ptr, cp.arange(self.max_chunks, dtype=cp.int64), side="right")
+        self.chunk_row -= 1
 
     def __call__(self, X):
         cp = import_cupy()
@@ -88,7 +91,7 @@ class CsrProduct:
             module = _module(cp.cuda.runtime.getDevice())
             sums = module.get_function(f"csr_chunk_sums<{_TYPES[np.dtype(self.data.dtype)]}>")
             sums(_grid(self.max_chunks * cols), (_THREADS,),
-                 (self.indptr, self.indices, self.data, X2, self.chunk_ptr, np.int64(n), np.int64(cols),
+                 (self.indptr, self.indices, self.data, X2, self.chunk_ptr, self.chunk_row, np.int64(n), np.int64(cols),
                   np.int64(self.max_chunks), partial))
             module.get_function("csr_chunk_combine")(_grid(n * cols), (_THREADS,),
                                                      (partial, self.chunk_ptr, np.int64(n), np.int64(cols), out))

@@ -397,7 +397,7 @@ def _embedding_operator(E, backend):
                                  for j in range(self.A.shape[1])], axis=1)
             Y = _sparse.sparse_module(self.backend).csr_matrix(
                 (self.weights, (backend.asarray(labels).astype(xp.int64), xp.arange(self.n))), shape=(k, self.n))
-            return xp.asarray(Y @ self.A)
+            return xp.asarray(_products.csr_product(Y, self.A))   # Y's rows: n / k entries (sparse_cuda)
 
         def device_rows(self, index):
             if self.backend.is_gpu:

@@ -231,7 +231,7 @@ def graph_objective(A, d, labels, k, objective, backend) -> float:
         A = A.tocsr()
         row = A.tocoo().row  # the entries' rows, in A's CSR order
         across = sp.csr_matrix((A.data * (lab[row] != lab[A.indices]), A.indices, A.indptr), shape=A.shape)
-        outward = np.asarray(backend.to_host(xp.asarray(across.sum(axis=1)).ravel()), dtype=np.float64)
+        outward = np.asarray(backend.to_host(_products.row_sums(across, backend)), dtype=np.float64)
         cut = np.bincount(host_labels, weights=outward, minlength=k)
         return float(np.sum(cut[size > 0] / size[size > 0]) + 0.0)
     Y = sp.csr_matrix((xp.ones(n, dtype=xp.float64), (xp.arange(n), lab)), shape=(n, k))
