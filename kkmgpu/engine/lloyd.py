@@ -193,15 +193,16 @@ def distinct_centres(cross, sizes, within, eps=0.0, spread=None) -> int:
     norm = within / np.where(sizes > 0, sizes, 1.0) ** 2
     scale = max(float(np.max(np.abs(norm[nonempty]))), np.finfo(float).tiny)
     tolerance = max(DISTINCT_RELATIVE, DISTINCT_ROUNDING * eps) * scale
+    # every pair's test at once (the same arithmetic per pair as one at a time), then the greedy pass over them
+    sub = np.ix_(nonempty, nonempty)
+    d2 = norm[nonempty][:, None] + norm[nonempty][None, :] - 2.0 * np.asarray(cross, dtype=np.float64)[sub] / (
+        sizes[nonempty][:, None] * sizes[nonempty][None, :])
+    limit = tolerance + (0.0 if spread is None else DISTINCT_ROUNDING * eps * (spread[nonempty][:, None]
+                                                                              + spread[nonempty][None, :]))
+    close = d2 <= limit
     distinct = []
-    for a in nonempty:
-        same = False
-        for b in distinct:
-            d2 = norm[a] + norm[b] - 2.0 * cross[a, b] / (sizes[a] * sizes[b])
-            if d2 <= tolerance + (0.0 if spread is None else DISTINCT_ROUNDING * eps * (spread[a] + spread[b])):
-                same = True
-                break
-        if not same:
+    for a in range(nonempty.size):
+        if not close[a, distinct].any():
             distinct.append(a)
     return len(distinct)
 
