@@ -256,7 +256,7 @@ def test_cuda_sources_are_found_and_declare_the_twins():
         assert re.search(rf"__global__ void {name}\(", src), name
 
 
-@pytest.mark.parametrize("name", ["kernel_kmeans.cu", "tiled.cu", "knn.cu"])
+@pytest.mark.parametrize("name", ["kernel_kmeans.cu", "tiled.cu", "knn.cu", "sparse.cu"])
 def test_cuda_sources_are_found_in_the_source_tree(monkeypatch, name):
     """Without an installed ``kkmgpu.kernels_cuda`` package (a source checkout, as .ci/nvrtc_check.py runs) the
     launchers read kernels_cuda/ from the repository: the same text as the file."""
@@ -271,9 +271,10 @@ def test_cuda_sources_are_found_in_the_source_tree(monkeypatch, name):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed on this machine")
 def test_every_cu_file_compiles_with_nvcc(tmp_path):
-    from kkmgpu.kernels import kernel_kmeans_cuda, knn_cuda, tiled_cuda
+    from kkmgpu.kernels import kernel_kmeans_cuda, knn_cuda, sparse_cuda, tiled_cuda
 
-    launchers = {"kernel_kmeans.cu": kernel_kmeans_cuda, "tiled.cu": tiled_cuda, "knn.cu": knn_cuda}
+    launchers = {"kernel_kmeans.cu": kernel_kmeans_cuda, "tiled.cu": tiled_cuda, "knn.cu": knn_cuda,
+                 "sparse.cu": sparse_cuda}
     for cu in sorted((ROOT / "kernels_cuda").glob("*.cu")):
         out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "--ptx", "-o", str(tmp_path / "x.ptx"), str(cu)],
                              capture_output=True, text=True)

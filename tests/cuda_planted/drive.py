@@ -305,6 +305,41 @@ def real_case(checks):
             checks.equal(f"knn_offer_block<{T}> k={k} m={m} indices", arg, want_arg)
             checks.equal(f"knn_offer_block<{T}> k={k} m={m} keys", best, want_best)
 
+    # knn_pair_distances: one warp per pair (3 warps of 8 per block, so blocks stride), d below and above 32
+    for dtype, T in ((np.float32, "float"), (np.float64, "double")):
+        for d in (3, 70):
+            Q, A = rng.normal(size=(9, d)).astype(dtype), rng.normal(size=(11, d)).astype(dtype)
+            rows, cols = rng.integers(0, 9, 29).astype(np.int64), rng.integers(0, 11, 29).astype(np.int64)
+            out = np.zeros(29)
+            knn.get_function(f"knn_pair_distances<{T}>")(
+                (3,), (256,), (Q, A, rows, cols, i64(29), i64(d), f64(0.5), out))
+            want = (((Q[rows].astype(np.float64) - A[cols].astype(np.float64)) * 0.5) ** 2).sum(1)
+            checks.close(f"knn_pair_distances<{T}> d={d}", out, want, rtol=1e-13, atol=0)
+
+    # csr_chunk_sums + csr_chunk_combine: rows of 0, 1, 64, 65 and 200 entries (chunks of 64), 1 and 3 columns
+    from kkmgpu.kernels import sparse_cuda as _sparse_gpu
+    sparse = cudacpu.Module(_gpu_kernels.cuda_source("sparse.cu"), _sparse_gpu.name_expressions(),
+                            _gpu_kernels.NVRTC_OPTIONS)
+    lengths = np.array([0, 1, 64, 65, 200, 0])
+    indptr = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    nnz, n_rows, n_cols = int(indptr[-1]), lengths.size, 300
+    indices = rng.integers(0, n_cols, nnz).astype(np.int32)
+    chunk_ptr = np.r_[0, np.cumsum((lengths + 63) // 64)].astype(np.int64)
+    max_chunks = nnz // 64 + n_rows
+    chunk_row = (np.searchsorted(chunk_ptr, np.arange(max_chunks), side="right") - 1).astype(np.int64)
+    for dtype, T in ((np.float32, "float"), (np.float64, "double")):
+        data = rng.normal(size=nnz).astype(dtype)
+        for cols in (1, 3):
+            X = rng.normal(size=(n_cols, cols))
+            partial, out = np.zeros((max_chunks, cols)), np.zeros((n_rows, cols))
+            sparse.get_function(f"csr_chunk_sums<{T}>")(
+                (2,), (256,), (indptr, indices, data, X, chunk_ptr, chunk_row, i64(n_rows), i64(cols),
+                               i64(max_chunks), partial))
+            sparse.get_function("csr_chunk_combine")((1,), (256,), (partial, chunk_ptr, i64(n_rows), i64(cols), out))
+            want = np.stack([np.add.reduceat(np.r_[data.astype(np.float64) * X[indices, j], 0.0],
+                                             indptr[:-1])[:n_rows] * (lengths > 0) for j in range(cols)], axis=1)
+            checks.close(f"csr_chunk_sums<{T}> cols={cols}", out, want, rtol=1e-12, atol=1e-12)
+
 
 # ---- planted bugs ------------------------------------------------------------------------------------------------
 def racy_counts_inputs(rng, n, k):
