@@ -157,3 +157,35 @@ def test_the_distinct_rows_shortcut_agrees_with_unique(k):
     wide = rng.normal(size=(2000, 4))
     wide[:1024] = wide[0]                          # the rows past the first 1,024 are not read
     assert not _k_distinct_rows(wide, k, backend)
+
+
+@pytest.mark.parametrize("k", [1, 2, 31, 100])
+def test_the_embeddings_centroid_sums_are_the_sparse_products_bit_for_bit(k):
+    """The CPU's centroid sums of the embedding (one numba pass, graph_spectral._row_sums_by_cluster) are the
+    sparse one-hot product's and a bincount's per column, bit for bit (each point's term added in index order),
+    and the distinct-centre count does not depend on how the pairs are tested (lloyd.distinct_centres against the
+    pairwise loop it replaced); empty clusters included."""
+    from kkmgpu.engine.lloyd import distinct_centres
+
+    rng = np.random.default_rng(12)
+    n, r = 997, 7
+    V = rng.normal(size=(n, r)) * 10.0 ** rng.integers(-6, 6, size=(n, 1))
+    labels = rng.integers(0, max(1, k - 1), n)          # the last cluster empty where k > 1
+    M = graph_spectral._row_sums_by_cluster(V, labels, k)
+    Y = sp.csr_matrix((np.ones(n), (labels, np.arange(n))), shape=(k, n))
+    np.testing.assert_array_equal(M, Y @ V)
+    np.testing.assert_array_equal(M, np.stack([np.bincount(labels, weights=V[:, j], minlength=k)
+                                               for j in range(r)], axis=1))
+    # distinct centres: duplicates of some centres among them, against the one-pair-at-a-time greedy count
+    centres = rng.normal(size=(k, 3))
+    centres[k // 2:] = centres[: k - k // 2]
+    sizes = rng.integers(0, 4, k).astype(np.float64)
+    cross = (centres * sizes[:, None]) @ (centres * sizes[:, None]).T
+    within = np.diag(cross).copy()
+    norm = within / np.where(sizes > 0, sizes, 1.0) ** 2
+    tolerance = 1e-7 * max(float(np.abs(norm[sizes > 0]).max(initial=0.0)), np.finfo(float).tiny)
+    kept = []
+    for a in np.flatnonzero(sizes > 0):
+        if not any(norm[a] + norm[b] - 2.0 * cross[a, b] / (sizes[a] * sizes[b]) <= tolerance for b in kept):
+            kept.append(a)
+    assert distinct_centres(cross, sizes, within) == len(kept)
