@@ -157,8 +157,8 @@ def library_update_cluster_sums(K, S, old_labels, new_labels, weights, xp, n_mov
     ``n_moved`` (how many labels differ) and ``slots`` (at least the moved rows' stored entries, e.g.
     :func:`longest_rows_entries` at ``n_moved``), when given, spare the transfers that count them: the moved points
     and their rows are then gathered on the device (:func:`kkmgpu.engine.dense.moved_points`,
-    :func:`gathered_rows`) and the product is one cuSPARSE SpMM over ``slots`` entries, with the gathered rows'
-    transpose as a CSR matrix (untransposed, the same inputs give the same bits on every run).
+    :func:`gathered_rows`) and the product is one fixed-order product (``sparse_cuda.csr_product``) over ``slots``
+    entries, with the gathered rows' transpose as a CSR matrix (the same inputs give the same bits on every run).
     """
     from kkmgpu.engine.dense import moved_points
 
@@ -191,9 +191,10 @@ class SparseKernelOperator:
 
     Same interface as :class:`kkmgpu.engine.dense.DenseKernelOperator`: ``n``, ``weights``, ``backend``, ``diag``,
     ``total_diag``, ``rows(index)``, ``cluster_sums(labels, k)``, ``incremental_cost(n_moved)`` and
-    ``update_cluster_sums(S, old, new, n_moved)``. A full pass costs O(nnz) on the CPU (numba) and one cuSPARSE
-    product on a GPU (which needs float64 values: a float32 K is copied to float64 once, 1.5x its CSR
-    bytes, so the sums accumulate in float64 as the dense operator's do).
+    ``update_cluster_sums(S, old, new, n_moved)``. A full pass costs O(nnz) on the CPU (numba) and one
+    fixed-order product on a GPU (:class:`kkmgpu.kernels.sparse_cuda.CsrProduct`, made once per matrix: it reads
+    float32 or float64 values and sums in float64, as the dense operator does, so a float32 K needs no float64
+    copy, which cuSPARSE's products did).
 
     Parameters
     ----------
@@ -217,12 +218,7 @@ class SparseKernelOperator:
         self.diag = xp.asarray(K.diagonal()).astype(xp.float64)
         self.total_diag = float((weights * self.diag).sum())  # sum_i w_i K*_ii, the same every iteration
         self._longest = None  # longest_rows_entries of K, on the first GPU update
-        if backend.is_gpu and K.dtype != np.float64:
-            check_fits(csr_bytes(K, np.float64), backend, "the float64 copy of the sparse kernel matrix (cuSPARSE "
-                       "products accumulate in its dtype)")
-            self._K64 = K.astype(np.float64)
-        else:
-            self._K64 = K
+        self._product = None  # the GPU's fixed-order K @ Y, made on the first full pass
 
     def rows(self, index):
         """K[index, :] as a dense float64 host array."""
@@ -234,7 +230,10 @@ class SparseKernelOperator:
 
     def cluster_sums(self, labels, k):
         if self.backend.is_gpu:
-            return library_cluster_sums(self._K64, labels, self.weights, k, self.backend.xp)
+            if self._product is None:
+                self._product = _products.CsrProduct(self.K)
+            Y = _indicator(labels, self.weights, k, self.backend.xp)
+            return self.backend.xp.ascontiguousarray(self._product(Y))
         from kkmgpu.kernels.csr_cpu import csr_cluster_sums
 
         return csr_cluster_sums(self.K, labels, self.weights, k)
@@ -248,21 +247,22 @@ class SparseKernelOperator:
 
         ``n_moved``: how many labels differ, if known (the Lloyd loop's transfer). On a GPU the moved rows are then
         gathered without a transfer, into as many slots as the ``n_moved`` longest rows of K hold
-        (:func:`longest_rows_entries`, once per matrix), and multiplied by cuSPARSE; checked against the free memory.
+        (:func:`longest_rows_entries`, once per matrix), and multiplied in a fixed order; checked against the free
+        memory.
         """
         if self.backend.is_gpu:
             xp = self.backend.xp
             if n_moved is None:  # counted here (a transfer), then gathered as when told: the same product, bits
                 n_moved = int(xp.count_nonzero(old_labels != new_labels))
             if self._longest is None:
-                self._longest = longest_rows_entries(self._K64, self.backend)
+                self._longest = longest_rows_entries(self.K, self.backend)
             slots = int(self._longest[min(int(n_moved), self.n)])
             # the gather's int64 temporaries (slot, row, its clamp, source, the cumulative lengths' gathers), the
             # gathered values and columns, and their transpose's (and its n + 1 row pointers)
-            check_fits(slots * (6 * 8 + 2 * (self._K64.dtype.itemsize + 4)) + 4 * (self.n + 1), self.backend,
+            check_fits(slots * (6 * 8 + 2 * (self.K.dtype.itemsize + 4)) + 4 * (self.n + 1), self.backend,
                        f"the gather of the {n_moved} moved rows of the sparse kernel matrix (up to {slots} "
                        "stored entries)")
-            return library_update_cluster_sums(self._K64, S, old_labels, new_labels, self.weights,
+            return library_update_cluster_sums(self.K, S, old_labels, new_labels, self.weights,
                                                self.backend.xp, n_moved=n_moved, slots=slots)
         from kkmgpu.kernels.csr_cpu import csr_update_cluster_sums
 
