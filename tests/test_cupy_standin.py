@@ -392,6 +392,10 @@ def test_a_product_with_long_csr_rows_adds_in_another_order_on_every_call(standi
         assert all(np.array_equal(run, runs[0]) for run in runs) == repeats
         assert all(np.array_equal(total, sums[0]) for total in sums) == repeats
     dA = standin.sparse.csr_matrix(short)
+    dense = standin.cp.asarray(rng.normal(size=(3, 400)))
+    left = [(dense @ dA).get() for _ in range(4)]   # dense @ sparse: CuPy's transposed product
+    np.testing.assert_allclose(left[0], dense.get() @ short, rtol=1e-12, atol=1e-12)
+    assert any(not np.array_equal(c, left[0]) for c in left[1:])
     columns = [np.asarray(dA.sum(axis=0).get()).ravel() for _ in range(4)]
     np.testing.assert_allclose(columns[0], np.asarray(short.sum(axis=0)).ravel(), rtol=1e-12, atol=0)
     assert any(not np.array_equal(c, columns[0]) for c in columns[1:])

@@ -307,6 +307,10 @@ def _binary(name):
             return NotImplemented
         if name == "__matmul__" and isinstance(other, _cp.ndarray) and _run_dependent(self._sp):
             out = _shuffled_product(self._sp, _unwrap(other, f"cupyx.scipy.sparse {name}"))
+        elif name == "__rmatmul__" and isinstance(other, _cp.ndarray) and other.ndim in (1, 2):
+            # dense @ sparse: CuPy multiplies the transpose, (A^T @ B^T)^T, a transposed operand (run-dependent)
+            B = _unwrap(other, f"cupyx.scipy.sparse {name}")
+            out = _shuffled_product(self._sp.T.tocsc(), B.T).T if B.shape[-1] == self._sp.shape[0] else B @ self._sp
         else:
             out = getattr(self._sp, name)(_unwrap(other, f"cupyx.scipy.sparse {name}"))
         if out is NotImplemented:
