@@ -230,7 +230,10 @@ class SparseKernelOperator:
 
     def cluster_sums(self, labels, k):
         if self.backend.is_gpu:
-            if self._product is None:
+            if self._product is None:   # its chunk table, each chunk's row and one pass's partial sums
+                chunks = self.nnz // _products.CHUNK + self.n
+                check_fits(8 * (self.n + 1 + chunks * (1 + k)), self.backend,
+                           "the fixed-order sparse product's chunk table and partial sums")
                 self._product = _products.CsrProduct(self.K)
             Y = _indicator(labels, self.weights, k, self.backend.xp)
             return self.backend.xp.ascontiguousarray(self._product(Y))
