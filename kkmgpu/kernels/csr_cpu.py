@@ -1,5 +1,6 @@
 """CPU twin of the sparse cluster sums (numba): imported only when the CPU path runs, so ``import kkmgpu``
-does not pay for numba. The GPU twin is the cuSPARSE route in :mod:`kkmgpu.engine.sparse` (``library_*``).
+does not pay for numba. The GPU twin is the fixed-order product route in :mod:`kkmgpu.engine.sparse`
+(``library_*``, :mod:`kkmgpu.kernels.sparse_cuda`).
 """
 
 from __future__ import annotations
