@@ -170,17 +170,21 @@ def test_the_spectral_starts_do_not_depend_on_the_threads_they_ran_on(monkeypatc
 
     import numba
 
-    from kkmgpu.engine import lloyd
+    from kkmgpu.engine import lloyd, small_kmeans
     from kkmgpu.methods import graph_spectral
 
     X = _clusters(rng, [40, 25, 55, 30], gap=5.0)
-    where, run_restarts = [], lloyd.run_restarts
+    where = []
 
-    def spy(*args, **kwargs):
-        where.append(threading.current_thread().name)
-        return run_restarts(*args, **kwargs)
+    def spy(function):
+        def spied(*args, **kwargs):
+            where.append(threading.current_thread().name)
+            return function(*args, **kwargs)
+        return spied
 
-    monkeypatch.setattr(lloyd, "run_restarts", spy)
+    # the driver, and the compiled k-means that small embeddings take (kkmgpu.engine.small_kmeans)
+    monkeypatch.setattr(lloyd, "run_restarts", spy(lloyd.run_restarts))
+    monkeypatch.setattr(small_kmeans, "kmeans", spy(small_kmeans.kmeans))
     monkeypatch.setattr(graph_spectral, "SERIAL_KMEANS", 0)   # side by side at this size too
     before = numba.get_num_threads()
     results = {}

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from kkmgpu.backend.device import check_fits, import_cupyx
+from kkmgpu.engine import small_kmeans as _small_kmeans
 from kkmgpu.engine import sparse as _sparse
 from kkmgpu.kernels import sparse_cuda as _products
 
@@ -368,10 +369,15 @@ def _embedding_kmeans(operator, k, seeds, backend, workers):
     ``workers`` at once in threads (BLAS and numba release the GIL; each run on one thread of each)."""
     from kkmgpu.engine.lloyd import run_restarts
 
+    small = not backend.is_gpu and operator.n * k * k <= _small_kmeans.SMALL
+
     def one(seed):
         with _numba_one_thread() if not backend.is_gpu else contextlib.nullcontext():  # per thread: its own
-            return run_restarts(operator, k, init="k-means++", n_init=1, max_iter=300, tol=EMBEDDING_TOL,
-                                rng=np.random.default_rng(int(seed)), verbose=False, progress=False)[0]
+            run = _small_kmeans.kmeans(operator.A, k, np.random.default_rng(int(seed)), max_iter=300,
+                                       tol=EMBEDDING_TOL) if small else None
+            # the driver where the embedding is larger, on a GPU, or where the compiled run emptied a cluster
+            return run or run_restarts(operator, k, init="k-means++", n_init=1, max_iter=300, tol=EMBEDDING_TOL,
+                                       rng=np.random.default_rng(int(seed)), verbose=False, progress=False)[0]
 
     if workers <= 1:
         yield from map(one, seeds)
