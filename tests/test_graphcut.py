@@ -460,7 +460,7 @@ def test_ncut_shift_is_unitless_and_reported_as_used(device, rng):
     auto = kkmgpu.fit(A, 3, objective="ncut", affinity="precomputed", device=device, random_state=0)
     d = A.sum(axis=1)
     lam = np.linalg.eigvalsh(A / np.sqrt(np.outer(d, d)))[0]
-    assert auto.method_params["graph_shift"] == pytest.approx(-1.01 * lam, rel=1e-5)
+    assert auto.method_params["graph_shift"] == pytest.approx(-1.01 * lam, rel=1e-4)   # Lanczos to SHIFT_TOL
 
 
 def test_float32_features_near_their_largest_value_and_predict_on_them(device, rng):

@@ -495,11 +495,15 @@ def test_psd_shift_is_minus_the_smallest_eigenvalue_plus_one_percent(device, obj
     assert want > 0
     backend = _backend.resolve_device(device)
     shift = psd_shift(*on_device(A, d, backend), objective, backend, np.random.default_rng(0))
-    assert shift == pytest.approx(want, rel=1e-6, abs=0)
+    # Lanczos stops at a residual of SHIFT_TOL = 1e-3 relative (an eigenvalue within 0.1%, inside the 1% margin);
+    # the eigenvalue's error is about the residual squared: 1.6e-6 relative here
+    rel = 1e-12 if n <= 3 else 1e-4
+    assert shift == pytest.approx(want, rel=rel, abs=0)
+    assert shift > -np.linalg.eigvalsh(M)[0]          # K is positive semi-definite with room
     if n == 300:
         result = quiet_fit(dense, 2, objective=objective, affinity="precomputed", device=device, dtype="float64",
                            random_state=0)
-        assert result.method_params["graph_shift"] == pytest.approx(want, rel=1e-6, abs=0)
+        assert result.method_params["graph_shift"] == pytest.approx(want, rel=rel, abs=0)
 
 
 def test_spectral_start_is_recorded_in_method_params_and_prints_nothing(device, capsys):
