@@ -133,3 +133,32 @@ def test_a_fit_with_the_compiled_start_is_the_fit_with_the_drivers(monkeypatch, 
     theirs = kkmgpu.fit(X, k, objective="ncut", random_state=7)
     assert np.array_equal(np.asarray(ours.labels), np.asarray(theirs.labels))
     np.testing.assert_allclose(ours.objective, theirs.objective, rtol=1e-12)
+
+
+def test_the_count_of_few_distinct_centres_is_the_array_count(monkeypatch):
+    """lloyd.distinct_centres tests up to FEW_CENTRES clusters' pairs in Python floats: the same count as its NumPy
+    pairs, on centres with copies at relative distances 0, 1e-9, 1e-7 and 1e-5 (around its tolerance), empty and
+    weighted clusters, sizes whose squares underflow, scales 1e-8 ... 1e8, with and without the eigen-embedding's spread term."""
+    from kkmgpu.engine import lloyd
+
+    rng = np.random.default_rng(21)
+    counts = set()
+    for trial in range(600):
+        k = int(rng.integers(2, lloyd.FEW_CENTRES + 1))
+        centres = rng.normal(size=(k, 3)) * 10.0 ** rng.integers(-8, 8)
+        copies = rng.integers(0, k, k // 2)
+        centres[rng.integers(0, k, k // 2)] = centres[copies] * (1 + rng.choice([0, 1e-9, 1e-7, 1e-5], k // 2)[:, None])
+        sizes = rng.integers(0, 4, k).astype(np.float64) * (rng.uniform(0.1, 10, k) if trial % 3 == 0 else 1.0)
+        if trial % 5 == 0:    # weights so small that a size's square underflows to 0 (x / 0 as NumPy gives it)
+            sizes *= 1e-170
+        cross = (centres * sizes[:, None]) @ (centres * sizes[:, None]).T
+        cross += rng.normal(size=cross.shape) * 1e-12 * np.abs(cross).max()
+        within = np.diag(cross).copy()
+        eps = [0.0, np.finfo(np.float64).eps, np.finfo(np.float32).eps][trial % 3]
+        spread = None if trial % 2 else rng.uniform(0, 1, k)
+        few = lloyd.distinct_centres(cross, sizes, within, eps, spread)
+        with monkeypatch.context() as m:
+            m.setattr(lloyd, "FEW_CENTRES", 0)
+            assert lloyd.distinct_centres(cross, sizes, within, eps, spread) == few
+        counts.add((few, int(np.count_nonzero(sizes > 0))))
+    assert any(a < b for a, b in counts) and any(a == b > 1 for a, b in counts)   # both outcomes met
