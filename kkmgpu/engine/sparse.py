@@ -109,10 +109,14 @@ def _indicator(labels, weights, k, xp):
     return Y
 
 
-def library_cluster_sums(K, labels, weights, k, xp):
-    """S = K @ Y (Y[j, labels[j]] = weights[j]) as one sparse-dense product; K float64 CSR (scipy or cupyx)."""
+def library_cluster_sums(K, labels, weights, k, xp, product=None):
+    """S = K @ Y (Y[j, labels[j]] = weights[j]) as one sparse-dense product; K CSR (scipy, or cupyx with the
+    fixed-order product: ``product``, a :class:`kkmgpu.kernels.sparse_cuda.CsrProduct` of K made once per matrix, or
+    one made for this call)."""
     Y = _indicator(labels, weights, k, xp)
-    return xp.ascontiguousarray(xp.asarray(K @ Y if xp is np else _products.csr_product(K, Y)))
+    if xp is np:
+        return np.ascontiguousarray(np.asarray(K @ Y))
+    return xp.ascontiguousarray((product or _products.CsrProduct(K))(Y))
 
 
 def longest_rows_entries(K, backend: Backend):
@@ -235,8 +239,7 @@ class SparseKernelOperator:
                 check_fits(8 * (self.n + 1 + chunks * (1 + k)), self.backend,
                            "the fixed-order sparse product's chunk table and partial sums")
                 self._product = _products.CsrProduct(self.K)
-            Y = _indicator(labels, self.weights, k, self.backend.xp)
-            return self.backend.xp.ascontiguousarray(self._product(Y))
+            return library_cluster_sums(self.K, labels, self.weights, k, self.backend.xp, product=self._product)
         from kkmgpu.kernels.csr_cpu import csr_cluster_sums
 
         return csr_cluster_sums(self.K, labels, self.weights, k)
