@@ -128,9 +128,12 @@ def test_a_fit_with_the_compiled_start_is_the_fit_with_the_drivers(monkeypatch, 
     else:
         X, _ = make_moons(500, noise=0.08, random_state=4)
         k = 2
-    ours = kkmgpu.fit(X, k, objective="ncut", random_state=7)
+    runs, compiled = [], small_kmeans.kmeans
+    monkeypatch.setattr(small_kmeans, "kmeans", lambda *a, **kw: runs.append(compiled(*a, **kw)) or runs[-1])
+    ours = kkmgpu.fit(X, k, objective="ncut", device="cpu", random_state=7)
+    assert len(runs) == 10 and all(run is not None for run in runs)   # the start's ten k-means were compiled runs
     monkeypatch.setattr(small_kmeans, "SMALL", -1)
-    theirs = kkmgpu.fit(X, k, objective="ncut", random_state=7)
+    theirs = kkmgpu.fit(X, k, objective="ncut", device="cpu", random_state=7)
     assert np.array_equal(np.asarray(ours.labels), np.asarray(theirs.labels))
     np.testing.assert_allclose(ours.objective, theirs.objective, rtol=1e-12)
 
