@@ -80,14 +80,34 @@ def _dot(E, i, j):
 
 
 @njit(cache=True, nogil=True)
+def _search(a, v, right):
+    """np.searchsorted(a, v, side="right" if right else "left") on the sorted a (a plain loop: numba's own took
+    seconds to compile)."""
+    lo, hi = 0, a.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < v or (right and a[mid] == v):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
 def _seeds(E, diag, k, first_draw, draws):
     """kmeans_plus_plus's seeds and labels (unit weights): the first seed by inverse CDF of the normalised
-    cumulative sum, then per seed the trials by D^2 sampling and the one of least potential."""
+    cumulative sum, then per seed the trials by D^2 sampling and the one of least potential (the first of equal
+    ones)."""
     n = E.shape[0]
     trials = draws.shape[1]
-    cdf = np.cumsum(np.full(n, 1.0 / n))
-    cdf /= cdf[-1]
-    first = min(np.searchsorted(cdf, first_draw, side="right"), n - 1)
+    cdf = np.empty(n)
+    total = 0.0
+    for i in range(n):
+        total += 1.0 / n
+        cdf[i] = total
+    for i in range(n):
+        cdf[i] /= total
+    first = min(_search(cdf, first_draw, True), n - 1)
     centres = np.empty(k, dtype=np.int64)
     centres[0] = first
     chosen = np.zeros(n, dtype=np.bool_)
@@ -98,8 +118,6 @@ def _seeds(E, diag, k, first_draw, draws):
         closest[i] = max(diag[i] + diag[first] - 2.0 * _dot(E, first, i), 0.0)
         potential += closest[i]
     d = np.empty((trials, n))
-    potentials = np.empty(trials)
-    candidates = np.empty(trials, dtype=np.int64)
     cumulative = np.empty(n)
     for j in range(1, k):
         total = 0.0
@@ -109,20 +127,21 @@ def _seeds(E, diag, k, first_draw, draws):
             elif not chosen[i]:   # every point on a seed: uniform over the unchosen ones
                 total += 1.0
             cumulative[i] = total
+        best, best_potential, best_candidate = 0, np.inf, 0
         for t in range(trials):
-            candidates[t] = min(np.searchsorted(cumulative, draws[j - 1, t] * cumulative[-1]), n - 1)
-            c = candidates[t]
+            c = min(_search(cumulative, draws[j - 1, t] * cumulative[n - 1], False), n - 1)
             p = 0.0
             for i in range(n):
                 value = min(closest[i], max(diag[i] + diag[c] - 2.0 * _dot(E, c, i), 0.0))
                 d[t, i] = value
                 p += value
-            potentials[t] = p
-        best = np.argmin(potentials)
-        centres[j] = candidates[best]
-        chosen[candidates[best]] = True
-        closest[:] = d[best]
-        potential = potentials[best]
+            if t == 0 or p < best_potential:
+                best, best_potential, best_candidate = t, p, c
+        centres[j] = best_candidate
+        chosen[best_candidate] = True
+        for i in range(n):
+            closest[i] = d[best, i]
+        potential = best_potential
     labels = np.empty(n, dtype=np.int32)
     for i in range(n):
         best_c, best_d = 0, np.inf
@@ -190,7 +209,10 @@ def _assign(S, diag, sizes, within, labels, new_labels):
         counts[best] += 1
         if best != labels[i]:
             moved += 1
-    return moved, counts.min() == 0
+    empty = False
+    for c in range(k):
+        empty = empty or counts[c] == 0
+    return moved, empty
 
 
 @njit(cache=True, nogil=True)
