@@ -141,7 +141,8 @@ def test_a_fit_with_the_compiled_start_is_the_fit_with_the_drivers(monkeypatch, 
 def test_the_count_of_few_distinct_centres_is_the_array_count(monkeypatch):
     """lloyd.distinct_centres tests up to FEW_CENTRES clusters' pairs in Python floats: the same count as its NumPy
     pairs, on centres with copies at relative distances 0, 1e-9, 1e-7 and 1e-5 (around its tolerance), empty and
-    weighted clusters, sizes whose squares underflow, scales 1e-8 ... 1e8, with and without the eigen-embedding's spread term."""
+    weighted clusters, sizes whose squares underflow, scales 1e-8 ... 1e8, with and without the eigen-embedding's
+    spread term."""
     from kkmgpu.engine import lloyd
 
     rng = np.random.default_rng(21)

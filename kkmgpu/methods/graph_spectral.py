@@ -179,7 +179,9 @@ def spectral_embedding(A, d, k, backend, rng, *, tol=EIGEN_TOL, maxiter=EIGEN_MA
     On MNIST-70k's 10-neighbour graph (2-core CPU) eigsh takes 1.1 s against LOBPCG's 5.2 s (120 iterations),
     with the same eigenvalues to 8 digits. ``iterations``: LOBPCG's, or ARPACK's matrix-vector products;
     ``solver``: "arpack", "lobpcg" or "dense" (n <= 5 k + 1; on a GPU also n <= DENSE_COMPONENT, after the
-    same draws). ``tol``: the solvers' tolerance, ARPACK's ``arpack_tol`` where given. ``bar``: a progress bar whose text follows the components solved; ``info``: a dict that receives the number of connected components (where they were counted, else 1).
+    same draws). ``tol``: the solvers' tolerance, ARPACK's ``arpack_tol`` where given. ``bar``: a progress bar whose
+    text follows the components solved; ``info``: a dict that receives the number of connected components (where
+    they were counted, else 1).
     """
     xp = backend.xp
     n = A.shape[0]
