@@ -774,8 +774,10 @@ class ScriptRun:
 
     The file is ``<results_dir>/<YYYY-MM-DD>-<device slug>-<topic>.json`` (results_dir: the argument, else
     ``$KKMGPU_BENCH_RESULTS_DIR``, else ``bench/results``); it is rewritten after every case, so a long run that
-    is cut off keeps what it measured. A case replaces an earlier one with the same id; runs whose cases are
-    all replaced are dropped. Subclasses add per-case fields (:meth:`case_extra`), end-of-run metadata
+    is cut off keeps what it measured. A case replaces an earlier one with the same id (said on stderr once per
+    case: a second run of the same command the same day replaces the first's figures); runs whose cases are all
+    replaced are dropped. ``$KKMGPU_BENCH_TAG`` appends ``-<tag>`` to the file name, for a run kept beside
+    another of the same day. Subclasses add per-case fields (:meth:`case_extra`), end-of-run metadata
     (:meth:`meta_extra`) and document fields (``document_extra``).
     """
 
@@ -785,7 +787,10 @@ class ScriptRun:
         self.ident = device_identity(device)
         target = results_dir or os.environ.get("KKMGPU_BENCH_RESULTS_DIR", "").strip()
         folder = Path(target) if target else Path(__file__).resolve().parent / "results"
-        self.path = folder / f"{datetime.date.today().isoformat()}-{self.ident['slug']}-{topic}.json"
+        tag = re.sub(r"[^A-Za-z0-9._-]+", "-", os.environ.get("KKMGPU_BENCH_TAG", "").strip()).strip("-")
+        name = f"{datetime.date.today().isoformat()}-{self.ident['slug']}-{topic}" + (f"-{tag}" if tag else "")
+        self.path = folder / f"{name}.json"
+        self.replaced = set()   # ids of other runs' cases this run has replaced (said once each)
         started = datetime.datetime.now(datetime.timezone.utc)
         self.run_id = started.strftime("%Y-%m-%dT%H:%M:%SZ")
         self.document_extra = dict(document_extra or {})
@@ -817,6 +822,12 @@ class ScriptRun:
             except (OSError, ValueError):
                 pass
         ids = {c["id"] for c in self.cases}
+        replaced = sorted(c["id"] for c in document["cases"] if c["id"] in ids and c.get("run_id") != self.run_id
+                          and c["id"] not in self.replaced)
+        if replaced:
+            self.replaced.update(replaced)
+            print(f"bench: {self.path.name}: this run replaces the earlier case(s) {', '.join(replaced)} of the same "
+                  "id (set KKMGPU_BENCH_TAG to write a file of its own)", file=sys.stderr, flush=True)
         cases = sorted([c for c in document["cases"] if c["id"] not in ids] + self.cases, key=lambda c: c["id"])
         meta = dict(self.meta, finished=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     load_average_end=list(os.getloadavg()), **self.meta_extra())
