@@ -268,7 +268,9 @@ def fit(X, k, *, kernel="rbf", gamma=None, degree=3, coef0=None, kernel_params=N
     n_neighbors : int or "search", default=10
         Graph objectives: neighbours per point (scikit-learn's SpectralClustering default). "search" scores
         the affinity's graphs with 5, 7, 10, 15, 20 and 30 neighbours (below n) by the same spectral gap ratio
-        and fits the largest (no prior); the evidence is ``result.method_params["graph_search"]``.
+        and fits the largest (no prior); the evidence is ``result.method_params["graph_search"]``. On the
+        validation half of docs/selection.md it beats the family's fixed 10 neighbours only for mutual_knn (knn
+        and self_tuning score lower than their 10): ``affinity="search"`` is the search to reach for first.
     graph_shift : float or "auto", default="auto"
         Graph objectives: sigma of the graph kernel. "auto": the smallest one making it positive
         semi-definite (plus 1%), so that the objective never rises between iterations.
