@@ -13,6 +13,12 @@
   scale (every other weight underflows); fewer than 8 points say what self_tuning needs, not scale_neighbor.
 
 X * 1e20 and X * 1e-25 are held to X's labels on both devices by tests/test_graphcut.py.
+
+Integer (grid) data, whose distances tie exactly: the features are centred on the mean rounded to the columns'
+power-of-two quantum (graph_scale.grid_center), so X - centre is exact and the ties stay ties, broken by index:
+X + c (c = 0.5, 12345, 1e9), 3 X and X * 2**-70 give X's graph and labels in float32 and float64, and the
+neighbours are those of a stable float64 argsort of X's own distances (with the mean unrounded, X + 12345 gave
+another graph in 18 of 20 random integer sets, 2026-11-27).
 """
 
 import re
@@ -457,3 +463,84 @@ def test_neighbour_search_runs_in_the_gemm_precision_asked(knn_search_modes):
     result = kkmgpu.fit(X, 2, objective="ncut", n_neighbors="search", device="cuda", gemm_precision="tf32",
                         random_state=0, n_init=1)
     assert ran == ["tf32"] and result.method_params["gemm_mode"] == "tf32"
+
+
+def _host_graph(result):
+    """The fit's graph as a SciPy CSR matrix (a GPU's is a cupyx one)."""
+    import scipy.sparse as sps
+
+    graph = result._graph_state.graph.graph
+    return sps.csr_matrix(graph.get() if hasattr(graph, "get") else graph)
+
+
+def _integer_set(seed):
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(60, 200)), int(rng.integers(1, 5))
+    return np.round(rng.normal(size=(n, d)) * 2.0), int(rng.integers(2, 7))
+
+
+def test_grid_center_rounds_to_the_columns_quantum_and_leaves_other_means_alone():
+    """The centre of grid data is a multiple of its columns' quantum (X - centre then exact); the mean of data with
+    full-length mantissas comes back bit for bit."""
+    from kkmgpu.backend.device import resolve_device
+    from kkmgpu.methods.graph_scale import grid_center
+
+    backend = resolve_device("cpu")
+    X = np.array([[1.0, 2.5, 3e20], [3.0, 4.5, 4e20], [-8.0, 0.25, 1e20], [2.0, 4.25, 1e20]])
+    center = grid_center(X, backend)
+    np.testing.assert_array_equal(center[:2], [0.0, 3.0])   # means -0.5, 2.875 to their quanta 1 and 0.25, ties to even
+    assert center[2] % 2.0 ** 20 == 0 and abs(center[2] - X[:, 2].mean()) <= 2.0 ** 19
+    for column in range(3):  # exact: adding the centre back gives X
+        np.testing.assert_array_equal((X[:, column] - center[column]) + center[column], X[:, column])
+    Y = np.random.default_rng(1).normal(size=(500, 4)) * [1.0, 1e-30, 1e30, 3.0] + [0.0, 1e-29, 7e30, -2.0]
+    np.testing.assert_array_equal(grid_center(Y, backend), Y.mean(axis=0))
+    Z = np.zeros((5, 2))
+    Z[:, 1] = 7.0
+    np.testing.assert_array_equal(grid_center(Z, backend), [0.0, 7.0])
+
+
+@pytest.mark.parametrize("device", CPU_AND_GPU)
+@pytest.mark.parametrize("affinity", ["knn", "mutual_knn", "self_tuning"])
+def test_integer_data_keep_their_graph_and_labels_under_offsets_and_exact_scales(device, affinity):
+    """Exact ties of integer data stay ties (broken by index) whatever the offset or exact scale, in both
+    precisions: X + c and X * f give X's graph (its edges; its weights to rounding) and labels."""
+    device = _use(device)
+    gpu = device == "cuda"   # fewer cases on a GPU (the same code; the stand-in's launches are slow in CI)
+    for seed in range(1 if gpu else 3):
+        X, k = _integer_set(seed)
+        for dtype in ("float32",) if gpu else ("float64", "float32"):
+            base = kkmgpu.fit(X, k, objective="ncut", affinity=affinity, device=device, random_state=0, dtype=dtype)
+            A = _host_graph(base)
+            for moved in (X + 1e9, 3.0 * X) if gpu else (X + 0.5, X + 12345.0, X + 1e9, 3.0 * X, X * 2.0 ** -70):
+                other = kkmgpu.fit(moved, k, objective="ncut", affinity=affinity, device=device, random_state=0,
+                                   dtype=dtype)
+                B = _host_graph(other)
+                # the same edges; the same weights, up to self-tuning's sqrt(9 d^2) against 3 sqrt(d^2) for 3 X
+                np.testing.assert_array_equal(B.indptr, A.indptr)
+                np.testing.assert_array_equal(B.indices, A.indices)
+                np.testing.assert_allclose(B.data, A.data, rtol=1e-13, atol=0)
+                if np.array_equal(B.data, A.data):   # the same graph, bit for bit: the same labels
+                    np.testing.assert_array_equal(_host(other.labels), _host(base.labels))
+                else:                                # weights 1 ulp apart: the same partition
+                    assert_same_partition(other.labels, base.labels, f"seed {seed}, {dtype}")
+
+
+@pytest.mark.parametrize("device", CPU_AND_GPU)
+def test_integer_data_neighbours_are_a_stable_sort_of_their_exact_distances(device):
+    """The kNN graph of integer data (many exact ties) links each point to the first n_neighbors of a stable
+    float64 argsort of its distances in X itself (ties to the lower index), also after an offset."""
+    device = _use(device)
+    from kkmgpu.backend.device import resolve_device
+    from kkmgpu.kernels.graphs import nearest_neighbors
+    from kkmgpu.methods.graph_scale import graph_features
+
+    backend = resolve_device(device)
+    for seed in range(1 if device == "cuda" else 3):
+        X, _ = _integer_set(seed)
+        D = cdist(X, X, "sqeuclidean")
+        np.fill_diagonal(D, np.inf)
+        want = np.argsort(D, axis=1, kind="stable")[:, :8]
+        for moved in (X, X + 12345.0):
+            features = graph_features(backend.asarray(moved), "float64", backend)[1]
+            index, _ = nearest_neighbors(features, 8, backend)
+            np.testing.assert_array_equal(_host(index)[:, :8], want)

@@ -272,7 +272,7 @@ def fit(X, k, *, objective, affinity, n_neighbors, graph_shift, device, dtype, i
         else:
             Xd = _validation.check_data(X, backend)
             n = Xd.shape[0]
-            center = Xd.mean(axis=0, dtype=backend.xp.float64)
+            center = _scale.grid_center(Xd, backend)
             scaled = _scale.feature_exponent(Xd, center, _scale.feature_dtype(dtype), backend)
             features = graph_features(Xd, dtype, backend, center, scaled)[1]
             with _spectral.search_threads(features.shape, backend):
