@@ -497,6 +497,9 @@ def test_grid_center_rounds_to_the_columns_quantum_and_leaves_other_means_alone(
     Z = np.zeros((5, 2))
     Z[:, 1] = 7.0
     np.testing.assert_array_equal(grid_center(Z, backend), [0.0, 7.0])
+    W = np.array([[1e300, 1e-300, 5e-324], [-1e300, 3e-300, 0.0], [2e300, -1e-300, 1e-323]])
+    center = grid_center(W, backend)       # the extremes of float64: finite, within the data's range
+    assert np.isfinite(center).all() and (W.min(axis=0) <= center).all() and (center <= W.max(axis=0)).all()
 
 
 @pytest.mark.parametrize("device", CPU_AND_GPU)
