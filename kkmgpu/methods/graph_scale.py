@@ -105,7 +105,6 @@ def grid_center(Xd, backend):
     bits = np.frexp(lowest)[1] - 1
     with np.errstate(over="ignore"):
         quantum = np.where(values != 0, np.ldexp(1.0, exponent - 53 + bits), np.inf).min(axis=0)
-    with np.errstate(over="ignore"):
         spread = values.max(axis=0) - values.min(axis=0)
         # where |mean| is 2**53 steps or more, the mean is a multiple of the step already (and mean / step may overflow)
         usable = (np.isfinite(quantum) & (quantum > 0) & (quantum <= spread)
