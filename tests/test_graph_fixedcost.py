@@ -62,8 +62,65 @@ def test_duplicate_starts_are_refined_once_and_fit_runs_once():
         X, 2, fit_exact=counted, objective="ncut", affinity="self_tuning", n_neighbors=10, graph_shift="auto",
         kernel="rbf", gamma=None, method="exact", sample_weight=None, device="cpu", dtype="float32", init="spectral",
         n_init="auto", max_iter=300, tol=1e-6, random_state=0, verbose=False, keep_on_device=False, progress=False)
-    assert len(calls) == 1                  # the lowest start's result, once
+    assert calls == []                      # the lowest start's result assembled from its run, fit not called
     assert len(result.objectives) == 10 and np.all(result.objectives == result.objectives[0])
+
+
+def _result_through_fit(self, best):
+    """The reference of :meth:`Refinements.result`: the lowest start run once more through fit itself."""
+    if id(best) not in self.light:
+        return best
+    return self.fit_exact(self.K, self.k, init=best.start, n_init=1, random_state=self.rng, **self.common)
+
+
+def _hostile_graph_inputs():
+    rng = np.random.default_rng(11)
+    X, _ = _blobs(rng, [40, 30, 25], spread=1.0, gap=3.0)
+    yield "blobs", X, {}
+    yield "integer grid + 1e9", np.round(X * 4) + 1e9, {}
+    yield "duplicates", np.repeat(X[:30], 3, axis=0), {}
+    yield "scale 1e-20 float64", X * 1e-20, {"dtype": "float64"}
+    yield "outlier", np.vstack([X, [[1e6, -1e6]]]), {}
+    D2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(axis=2)
+    A = np.exp(-D2 / 4.0)
+    np.fill_diagonal(A, 0.0)
+    for scale in (1e-200, 1e200):
+        yield f"precomputed x {scale:g}", sp.csr_matrix(A * scale), {"affinity": "precomputed"}
+    W = A.copy()
+    W[:10, :] *= 1e-8
+    W[:, :10] *= 1e-8                       # ten points whose edges are 1e-8 (1e-16 among themselves) of the rest
+    yield "precomputed, extreme edge weights", sp.csr_matrix(W), {"affinity": "precomputed"}
+
+
+@pytest.mark.parametrize("objective", ["ncut", "ratio_association"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_assembled_result_is_fits_result(monkeypatch, objective, dtype):
+    """The lowest start's result assembled from its Lloyd run equals fit's result for that start in every field
+    (labels, objectives, sizes, weights, the state predict reads) and predicts the same labels, on hostile data."""
+    import dataclasses
+
+    rng = np.random.default_rng(3)
+    for name, X, kwargs in _hostile_graph_inputs():
+        kwargs = {"dtype": dtype, **kwargs}
+        fast = kkmgpu.fit(X, 3, objective=objective, device="cpu", random_state=0, **kwargs)
+        with monkeypatch.context() as m:
+            m.setattr(graph_refine.Refinements, "result", _result_through_fit)
+            full = kkmgpu.fit(X, 3, objective=objective, device="cpu", random_state=0, **kwargs)
+        for field in dataclasses.fields(fast):
+            a, b = getattr(fast, field.name), getattr(full, field.name)
+            if field.name == "timings":
+                assert a.keys() == b.keys(), name
+            elif field.name == "_graph_state":
+                assert (a is None) == (b is None), name
+            elif field.name == "method_params":     # all but a time
+                assert {**a, "spectral_seconds": 0} == {**b, "spectral_seconds": 0}, name
+            elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"{name}: {field.name}")
+            else:
+                assert a == b, f"{name}: {field.name} {a!r} != {b!r}"
+        if kwargs.get("affinity") != "precomputed":
+            Q = X[rng.permutation(X.shape[0])[:20]] + rng.normal(size=(20, 2)) * 0.1 * np.std(X)
+            np.testing.assert_array_equal(kkmgpu.predict(fast, Q), kkmgpu.predict(full, Q), err_msg=name)
 
 
 def test_a_kernel_beyond_the_storage_range_takes_fit_on_every_start(monkeypatch):

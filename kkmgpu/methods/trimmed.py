@@ -93,6 +93,16 @@ def fit_sparse(X, k, *, spec, backend, dt, precomputed, method, weights_h, init,
                              n_clusters_estimated=trimmed.n_clusters,
                              cluster_sizes_estimated=trimmed.cluster_sizes.tolist(),
                              trimming_timings=dict(trimmed.timings))
+    return sparse_result(best, runs, k=k, method=method, spec=spec, backend=backend, dt=dt, weights_h=weights_h,
+                         weights=weights, n_init=n_init, timings=timings, method_params=method_params,
+                         keep_on_device=keep_on_device, features=features, state=state)
+
+
+def sparse_result(best, runs, *, k, method, spec, backend, dt, weights_h, weights, n_init, timings, method_params,
+                  keep_on_device, features=None, state=None) -> KernelKMeansResult:
+    """The result of Lloyd runs on a CSR kernel matrix (``best`` the lowest of ``runs``, :func:`run_restarts`), in
+    the units they ran in (weights ``weights_h`` normalised, K's value scale): :func:`fit_sparse`'s, and the graph
+    objectives' refinement of their lowest start (:class:`kkmgpu.methods.graph_refine.Refinements`)."""
     return KernelKMeansResult(
         labels=best.labels if keep_on_device else backend.to_host(best.labels).astype(np.int32),
         objective=float(best.objective), objective_history=np.asarray(best.history, dtype=np.float64),
@@ -102,7 +112,7 @@ def fit_sparse(X, k, *, spec, backend, dt, precomputed, method, weights_h, init,
         objectives=np.array([r.objective for r in runs], dtype=np.float64), sample_weight=weights_h,
         exact_objective=float(best.objective), stop_reason=best.stop_reason, method_params=method_params,
         _spec=spec, _train_features=features, _train_labels=best.labels, _train_weights=weights,
-        _within=best.within.copy(), _n_train=n, _trim_state=state)
+        _within=best.within.copy(), _n_train=best.labels.shape[0], _trim_state=state)
 
 
 def predict(result, X_new, backend: Backend, dt, batch_size=None):
