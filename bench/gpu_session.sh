@@ -315,8 +315,10 @@ recheck)  # what the third H100 session (2026-11-26, cc00b2e) left to check: the
     # distances written after it (kernels_cuda/sparse.cu, knn.cu knn_pair_distances) against float64 and for the same
     # bits, the landmark same-bits case it failed, the same-bits and graph cases beside them, and the probe of which
     # CuPy operations repeat their bits (bench/probes/sparse_determinism.py: kkmgpu's products must show 1). The 17
-    # cases the 11-26 morning run failed all passed at cc00b2e. With KKMGPU_EMULATE_GPU=1 a cuda case that skips
-    # for a device reason fails.
+    # cases the 11-26 morning run failed all passed at cc00b2e. Since 2026-12-01 also test_graph_fixedcost.py: the
+    # graph objectives' lowest start's result assembled from its Lloyd run, not by a second fit call, compared with
+    # fit's field by field (never run on a GPU). With KKMGPU_EMULATE_GPU=1 a cuda case that skips for a device
+    # reason fails.
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
     step 150 gpu-recheck env KKMGPU_EMULATE_GPU=1 python -m pytest -m gpu -q -rs -p no:cacheprovider \
         tests/test_sparse_product.py "tests/test_knn_exact.py::test_pair_distances_are_float64_exact_to_rounding_and_the_same_bits_in_any_batch" \
@@ -324,7 +326,8 @@ recheck)  # what the third H100 session (2026-11-26, cc00b2e) left to check: the
         "tests/test_properties.py::test_same_inputs_same_bits" \
         "tests/test_mutants.py::test_identical_points_give_the_same_fit_on_every_call_with_a_seed" \
         "tests/test_mutants.py::test_psd_shift_is_minus_the_smallest_eigenvalue_plus_one_percent" \
-        "tests/test_graphcut.py::test_a_perfect_cut_in_float32_is_reported_as_zero"
+        "tests/test_graphcut.py::test_a_perfect_cut_in_float32_is_reported_as_zero" \
+        tests/test_graph_fixedcost.py
     step 60 sparse-determinism python bench/probes/sparse_determinism.py --json "$out/sparse-determinism.json"
     ;;
 landmark)  # issue 29 point 4's GPU figure: the landmark route at 10^6 points, then MNIST-70k beside the CPU's figures
